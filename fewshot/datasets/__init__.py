@@ -1,0 +1,46 @@
+"""Dataset readers: each returns an `ImageSplit` of uint8 images held in memory."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from fewshot.datasets.base import ImageSplit
+from fewshot.errors import FewshotError
+
+# name -> reader(data_root, split) -> ImageSplit. Readers register themselves below.
+READERS: dict[str, Callable[[Path, str], ImageSplit]] = {}
+
+REPO_DATA = Path(__file__).resolve().parents[2] / "data"
+
+
+def register(name: str):
+    """Decorator adding a reader to READERS under `name`."""
+
+    def wrap(fn: Callable[[Path, str], ImageSplit]) -> Callable[[Path, str], ImageSplit]:
+        READERS[name] = fn
+        return fn
+
+    return wrap
+
+
+def resolve_data_root(data_root: str | os.PathLike | None = None) -> Path:
+    """--data-root if given, else $FEWSHOT_DATA, else the repository's data/ folder."""
+    root = Path(data_root or os.environ.get("FEWSHOT_DATA") or REPO_DATA)
+    if not root.is_dir():
+        raise FewshotError(f"data root {root} is not a folder (set --data-root or FEWSHOT_DATA)")
+    return root
+
+
+def load_split(dataset: str, split: str, data_root: str | os.PathLike | None = None) -> ImageSplit:
+    """Read one split ('train', 'val', 'test', ...) of a dataset by name."""
+    if dataset not in READERS:
+        raise FewshotError(f"unknown dataset {dataset!r}; choose from {', '.join(sorted(READERS))}")
+    return READERS[dataset](resolve_data_root(data_root), split)
+
+
+# Import for their @register side effect.
+from fewshot.datasets import omniglot  # noqa: E402,F401
+
+__all__ = ["READERS", "ImageSplit", "load_split", "register", "resolve_data_root"]

@@ -1,0 +1,55 @@
+"""The in-memory form every dataset reader returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fewshot.errors import FewshotError
+
+
+@dataclass
+class ImageSplit:
+    """One split of a few-shot dataset, held in memory.
+
+    images: uint8 tensor [N, C, H, W]; labels: int64 tensor [N] with values 0..len(class_names)-1.
+    mean/std are the per-channel normalisation constants of the dataset (in [0, 1] units).
+    """
+
+    images: torch.Tensor
+    labels: torch.Tensor
+    class_names: list[str]
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if self.images.dtype != torch.uint8 or self.images.dim() != 4:
+            raise FewshotError(
+                f"{self.source}: images must be uint8 [N, C, H, W], got "
+                f"{self.images.dtype} {tuple(self.images.shape)}"
+            )
+        if self.labels.shape != (self.images.shape[0],):
+            raise FewshotError(
+                f"{self.source}: {self.labels.numel()} labels for {self.images.shape[0]} images"
+            )
+        n = len(self.class_names)
+        if self.labels.numel() and (int(self.labels.min()) < 0 or int(self.labels.max()) >= n):
+            raise FewshotError(f"{self.source}: labels outside 0..{n - 1}")
+        self.labels = self.labels.long()
+
+    @property
+    def num_classes(self) -> int:
+        """Number of classes in the split."""
+        return len(self.class_names)
+
+    @property
+    def channels(self) -> int:
+        """Number of image channels."""
+        return self.images.shape[1]
+
+    @property
+    def image_size(self) -> int:
+        """Height (= width) of the stored images."""
+        return self.images.shape[2]

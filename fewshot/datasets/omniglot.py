@@ -1,0 +1,95 @@
+"""Omniglot with the Vinyals class split: 28x28, rotations by 90/180/270 degrees as new classes."""
+
+from __future__ import annotations
+
+import csv
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from fewshot.datasets import register
+from fewshot.datasets.base import ImageSplit
+from fewshot.errors import FewshotError
+
+SPLITS = ("train", "val", "trainval", "test")
+NPZ_FILES = ("images_background.npz", "images_evaluation.npz")
+IMAGE_SIZE = 28
+
+
+def _read_index(folder: Path) -> dict[tuple[str, str], tuple[str, int]]:
+    """(alphabet, characterNN) -> (npz file, row)."""
+    path = folder / "omniglot_index.csv"
+    if not path.is_file():
+        raise FewshotError(f"missing {path}: copy the Omniglot files into {folder}")
+    with open(path, newline="") as f:
+        return {
+            (r["alphabet"], r["character"]): (r["npz_file"], int(r["npz_row"]))
+            for r in csv.DictReader(f)
+        }
+
+
+def _read_npz(path: Path) -> np.ndarray:
+    """Boolean drawings [chars, 20, 105, 105] with True = background."""
+    if not path.is_file():
+        raise FewshotError(f"missing {path}: copy the Omniglot npz files into {path.parent}")
+    try:
+        with np.load(path, allow_pickle=False) as d:
+            images = d["images"]
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
+        raise FewshotError(f"corrupt Omniglot file {path}: {e}") from None
+    if images.ndim != 4 or images.shape[1:] != (20, 105, 105):
+        raise FewshotError(f"{path}: expected images [chars, 20, 105, 105], got {images.shape}")
+    return images
+
+
+def _resize(drawings: np.ndarray) -> torch.Tensor:
+    """[n, 105, 105] bool (True = paper) -> [n, 28, 28] uint8 with ink = 255, antialiased."""
+    out = []
+    for chunk in np.array_split(drawings, max(1, len(drawings) // 2048)):
+        ink = torch.from_numpy(~chunk).float().unsqueeze(1)
+        small = F.interpolate(ink, size=(IMAGE_SIZE, IMAGE_SIZE), mode="area")
+        out.append((small * 255).round().to(torch.uint8))
+    return torch.cat(out)
+
+
+@register("omniglot")
+def read_omniglot(data_root: Path, split: str) -> ImageSplit:
+    """Read a Vinyals split of Omniglot from data_root/omniglot."""
+    if split not in SPLITS:
+        raise FewshotError(f"omniglot has splits {', '.join(SPLITS)}, not {split!r}")
+    folder = data_root / "omniglot"
+    split_file = folder / "splits" / "vinyals" / f"{split}.txt"
+    if not split_file.is_file():
+        raise FewshotError(f"missing split list {split_file}")
+    names = split_file.read_text().split()
+    index = _read_index(folder)
+
+    parsed = []
+    for name in names:
+        try:
+            alphabet, character, rot = name.split("/")
+            index[(alphabet, character)]
+        except (ValueError, KeyError):
+            raise FewshotError(f"{split_file}: unknown class {name!r}") from None
+        parsed.append(((alphabet, character), int(rot.removeprefix("rot")) // 90))
+
+    # Resize each needed character once; rotations are exact on the 28x28 grid.
+    needed = list(dict.fromkeys(key for key, _ in parsed))
+    drawings, position = [], {}
+    for file in NPZ_FILES:
+        keys = [key for key in needed if index[key][0] == file]
+        if keys:
+            drawings.append(_read_npz(folder / file)[np.array([index[k][1] for k in keys])])
+            position.update((key, len(position)) for key in keys)
+    stacked = np.concatenate(drawings)
+    small = _resize(stacked.reshape(-1, 105, 105)).view(len(stacked), 20, 1, 28, 28)
+
+    images = [torch.rot90(small[position[key]], k, dims=(-2, -1)) for key, k in parsed]
+    images_t = torch.stack(images).reshape(-1, 1, IMAGE_SIZE, IMAGE_SIZE)
+    labels = torch.arange(len(names)).repeat_interleave(20)
+    return ImageSplit(
+        images_t.contiguous(), labels, names, mean=(0.0,), std=(1.0,), source=str(split_file)
+    )

@@ -1,0 +1,81 @@
+"""Seeded, vectorised episode sampling: episodes are index tensors into an ImageSplit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fewshot.errors import FewshotError
+
+
+@dataclass(frozen=True)
+class EpisodeShape:
+    """N-way, K-shot, Q-query episodes, B of them per batch."""
+
+    way: int
+    shot: int
+    query: int
+    episodes_per_batch: int = 1
+
+    @property
+    def pool(self) -> int:
+        """Images per class in one episode (support + query)."""
+        return self.shot + self.query
+
+
+class EpisodeSampler:
+    """Draws batches of episodes as indices [B, way, shot+query]; the first `shot` are support.
+
+    The class table is built once, so drawing a batch is a handful of tensor ops. The same
+    seed gives the very same episodes; `state_dict` lets training resume mid-stream.
+    """
+
+    def __init__(self, labels: torch.Tensor, shape: EpisodeShape, seed: int, source: str = ""):
+        labels = labels.long().cpu()
+        counts = torch.bincount(labels)
+        num_classes = len(counts)
+        for name, value in (("way", shape.way), ("shot", shape.shot), ("query", shape.query)):
+            if value < (0 if name == "query" else 1):
+                raise FewshotError(f"--{name} must be positive, got {value}")
+        if shape.episodes_per_batch < 1:
+            raise FewshotError(f"--episodes-per-batch must be >= 1, got {shape.episodes_per_batch}")
+        where = f" in {source}" if source else ""
+        if shape.way > num_classes:
+            raise FewshotError(
+                f"{shape.way}-way episodes need {shape.way} classes, {num_classes}{where}"
+            )
+        smallest = int(counts.argmin())
+        if shape.pool > counts[smallest]:
+            raise FewshotError(
+                f"shot + query = {shape.pool} images per class, but class {smallest}{where} has "
+                f"only {int(counts[smallest])}"
+            )
+        self.shape = shape
+        order = torch.argsort(labels, stable=True)
+        # table[c, j] = index of the j-th image of class c (padded with -1 for smaller classes)
+        width = int(counts.max())
+        offsets = torch.cumsum(counts, 0) - counts
+        table = torch.full((num_classes, width), -1, dtype=torch.long)
+        rank = torch.arange(len(labels)) - offsets[labels[order]]
+        table[labels[order], rank] = order
+        self.table, self.counts = table, counts
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def sample(self) -> torch.Tensor:
+        """One batch of episodes: long tensor [B, way, shot+query] of dataset indices."""
+        b, (c, width) = self.shape.episodes_per_batch, self.table.shape
+        classes = torch.rand(b, c, generator=self.generator).argsort(dim=1)[:, : self.shape.way]
+        # Random keys per image; padding gets +inf so it sorts last and is never picked.
+        keys = torch.rand(b, self.shape.way, width, generator=self.generator)
+        keys.masked_fill_(self.table[classes] < 0, float("inf"))
+        picks = keys.argsort(dim=2)[:, :, : self.shape.pool]
+        return torch.gather(self.table[classes], 2, picks)
+
+    def state_dict(self) -> dict:
+        """The RNG position, for exact resume."""
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a saved RNG position."""
+        self.generator.set_state(state["generator"])
