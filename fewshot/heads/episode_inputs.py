@@ -1,0 +1,52 @@
+"""Validation of a batch of head inputs and the one-hot support targets every head needs."""
+
+from __future__ import annotations
+
+import torch
+
+from fewshot.errors import FewshotError
+
+
+def support_one_hot(
+    support: torch.Tensor, support_labels: torch.Tensor, way: int, shot: int
+) -> torch.Tensor:
+    """Check support[B, ns, d] and labels[B, ns]; return the labels one-hot [B, ns, way]."""
+    if support.dim() != 3 or not support.is_floating_point():
+        raise FewshotError(
+            f"support must be a float tensor [episodes, samples, dim], got {support.dtype} "
+            f"of shape {tuple(support.shape)}"
+        )
+    if support_labels.shape != support.shape[:2]:
+        raise FewshotError(
+            f"support_labels shape {tuple(support_labels.shape)} must be [episodes, samples] = "
+            f"{tuple(support.shape[:2])}"
+        )
+    if support_labels.is_floating_point() or support_labels.dtype == torch.bool:
+        raise FewshotError(f"support_labels must be integer class ids, got {support_labels.dtype}")
+    if way < 1 or shot < 1 or support.shape[1] != way * shot:
+        raise FewshotError(
+            f"support has {support.shape[1]} samples per episode but way={way} x shot={shot} "
+            f"= {way * shot}; pass the episode's way and shot"
+        )
+    classes = torch.arange(way, device=support_labels.device)
+    one_hot = (support_labels.unsqueeze(-1) == classes).to(support.dtype)
+    # Out-of-range labels give all-zero rows, so one count check catches them and imbalance.
+    if not bool((one_hot.sum(dim=1) == shot).all()):
+        raise FewshotError(
+            f"each episode's support_labels must hold every class 0..{way - 1} exactly {shot} times"
+        )
+    return one_hot
+
+
+def check_query(query: torch.Tensor, support: torch.Tensor) -> None:
+    """Check that query[B, nq, d] matches support[B, ns, d] in episodes, dim and dtype."""
+    if (
+        query.dim() != 3
+        or query.shape[0] != support.shape[0]
+        or query.shape[2] != support.shape[2]
+        or query.dtype != support.dtype
+    ):
+        raise FewshotError(
+            f"query {query.dtype} {tuple(query.shape)} must be [episodes, queries, dim] with the "
+            f"episodes, dim and dtype of support {support.dtype} {tuple(support.shape)}"
+        )
