@@ -41,6 +41,11 @@ def load_split(dataset: str, split: str, data_root: str | os.PathLike | None = N
 
 
 # Import for their @register side effect.
-from fewshot.datasets import omniglot  # noqa: E402,F401
+from fewshot.datasets import (  # noqa: E402,F401
+    cifar100_fewshot,
+    miniimagenet,
+    omniglot,
+    tieredimagenet,
+)
 
 __all__ = ["READERS", "ImageSplit", "load_split", "register", "resolve_data_root"]
