@@ -28,8 +28,8 @@ def support_one_hot(
             f"support has {support.shape[1]} samples per episode but way={way} x shot={shot} "
             f"= {way * shot}; pass the episode's way and shot"
         )
-    classes = torch.arange(way, device=support_labels.device)
-    one_hot = (support_labels.unsqueeze(-1) == classes).to(support.dtype)
+    classes = torch.arange(way, device=support.device)
+    one_hot = (support_labels.to(support.device).unsqueeze(-1) == classes).to(support.dtype)
     # Out-of-range labels give all-zero rows, so one count check catches them and imbalance.
     if not bool((one_hot.sum(dim=1) == shot).all()):
         raise FewshotError(
