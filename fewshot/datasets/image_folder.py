@@ -14,15 +14,18 @@ from PIL import Image, UnidentifiedImageError
 
 from fewshot.errors import FewshotError
 
-# An encoded image: a file path, raw bytes, or a uint8 array of the bytes (cv2.imencode's output).
-Encoded = Path | bytes | np.ndarray
+# An encoded image: a file path, raw bytes, a uint8 array of the bytes (cv2.imencode's output),
+# or a str holding the bytes (a Python 2 byte string read with latin1 decoding).
+Encoded = Path | bytes | np.ndarray | str
 
 
 def _open(item: Encoded) -> Image.Image:
     """A PIL image from a path or encoded bytes."""
     if isinstance(item, Path):
         return Image.open(item)
-    raw = item.tobytes() if isinstance(item, np.ndarray) else item
+    if isinstance(item, np.ndarray):
+        item = item.tobytes()
+    raw = item.encode("latin1") if isinstance(item, str) else item
     return Image.open(io.BytesIO(raw))
 
 
