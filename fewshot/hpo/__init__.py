@@ -10,6 +10,20 @@ A bilevel problem is two pure loss functions of (theta, lam, data) plus an inner
 - `fewshot.hpo.ridge`: ridge regression's closed-form inner solution and exact hypergradient.
 """
 
+from fewshot.hpo.ensemble import HpoResult, Split, ehg, make_splits, oehg, optimize_offline
 from fewshot.hpo.hypergrad import Bilevel, Hypergradient, aid_cg, aid_fp, rhg, trhg
 
-__all__ = ["Bilevel", "Hypergradient", "aid_cg", "aid_fp", "rhg", "trhg"]
+__all__ = [
+    "Bilevel",
+    "HpoResult",
+    "Hypergradient",
+    "Split",
+    "aid_cg",
+    "aid_fp",
+    "ehg",
+    "make_splits",
+    "oehg",
+    "optimize_offline",
+    "rhg",
+    "trhg",
+]

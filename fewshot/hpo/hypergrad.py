@@ -17,8 +17,9 @@ from `theta0` and returns a `Hypergradient`: the estimate of d R^val(theta_K(lam
   `solver_steps` fixed-point or conjugate-gradient iterations on Hessian-vector products, then
   hypergradient = grad_lam R^val - (d^2 R^tr / d lam d theta) v.
 
-Nothing is global: the functions only read their arguments, so they compose with vmap-free loops
-over data splits (see `fewshot.hpo.ensemble` for EHG and OEHG).
+Nothing is global: the functions only read their arguments (they differentiate with
+torch.autograd on detached copies), so they compose freely with loops over data splits (see
+`fewshot.hpo.ensemble` for EHG and OEHG).
 """
 
 from __future__ import annotations
@@ -28,11 +29,42 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.func import grad, jvp, vjp
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
 from fewshot.hpo.trees import Tree, tree_add, tree_detach, tree_dot, tree_zeros_like
 
 Loss = Callable[[Tree, Tree, Any], torch.Tensor]
+
+
+def _with_grad(tree: Tree) -> Tree:
+    """Detached copies of the leaves that autograd will differentiate with respect to."""
+    return tree_map(lambda x: x.detach().requires_grad_(), tree)
+
+
+def _grad(
+    output: torch.Tensor,
+    wrt: Tree,
+    grad_outputs: Tree | None = None,
+    create_graph: bool = False,
+    retain_graph: bool | None = None,
+) -> Tree:
+    """d output / d wrt as a pytree shaped like `wrt` (zeros where output does not depend on it).
+
+    `output` may be a pytree too, contracted with the matching `grad_outputs` (a VJP).
+    """
+    leaves, spec = tree_flatten(wrt)
+    cotangents = None if grad_outputs is None else tree_flatten(grad_outputs)[0]
+    grads = torch.autograd.grad(
+        tree_flatten(output)[0],
+        leaves,
+        grad_outputs=cotangents,
+        create_graph=create_graph,
+        retain_graph=retain_graph,
+        allow_unused=True,
+    )
+    return tree_unflatten(
+        [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads, strict=True)], spec
+    )
 
 
 @dataclass(frozen=True)
@@ -43,17 +75,21 @@ class Bilevel:
     outer_loss: Loss
     inner_lr: float
 
-    def step(self, theta: Tree, lam: Tree, data: Any) -> Tree:
-        """One inner gradient-descent step theta - lr * grad_theta R^tr(theta, lam)."""
-        return tree_add(theta, grad(self.inner_loss)(theta, lam, data), -self.inner_lr)
+    def step(self, theta: Tree, lam: Tree, data: Any, create_graph: bool = False) -> Tree:
+        """One inner step theta - lr grad_theta R^tr; differentiable in (theta, lam) if asked."""
+        with torch.enable_grad():
+            if not create_graph:
+                theta, lam = _with_grad(theta), tree_detach(lam)
+            g = _grad(self.inner_loss(theta, lam, data), theta, create_graph=create_graph)
+            new = tree_add(theta, g, -self.inner_lr)
+        return new if create_graph else tree_detach(new)
 
-    def descend(self, theta: Tree, lam: Tree, data: Any, steps: int) -> list[Tree]:
-        """The detached iterates theta_0 .. theta_steps of inner gradient descent."""
-        lam = tree_detach(lam)
-        iterates = [tree_detach(theta)]
+    def descend(self, theta: Tree, lam: Tree, data: Any, steps: int) -> Tree:
+        """theta after `steps` inner gradient-descent steps (detached)."""
+        theta = tree_detach(theta)
         for _ in range(steps):
-            iterates.append(tree_detach(self.step(iterates[-1], lam, data)))
-        return iterates
+            theta = self.step(theta, lam, data)
+        return theta
 
 
 @dataclass(frozen=True)
@@ -65,32 +101,21 @@ class Hypergradient:
     outer_loss: float
 
 
-def _outer_grads(problem: Bilevel, theta: Tree, lam: Tree, val: Any) -> tuple[Tree, Tree, float]:
-    """(grad_theta R^val, grad_lam R^val, R^val) at (theta, lam)."""
-
-    def loss_and_value(th: Tree, la: Tree) -> tuple[torch.Tensor, torch.Tensor]:
-        value = problem.outer_loss(th, la, val)
-        return value, value
-
-    (g_theta, g_lam), value = grad(loss_and_value, argnums=(0, 1), has_aux=True)(theta, lam)
-    return g_theta, g_lam, float(value)
-
-
 def trhg(
     problem: Bilevel, theta0: Tree, lam: Tree, train: Any, val: Any, steps: int, truncate: int
 ) -> Hypergradient:
     """Truncated reverse hypergradient: back-propagate through the last `truncate` of `steps`."""
     if steps < 0 or not 0 <= truncate <= steps:
         raise ValueError(f"need 0 <= truncate ({truncate}) <= steps ({steps})")
-    lam = tree_detach(lam)
-    iterates = problem.descend(theta0, lam, train, steps)
-    v, hyper, value = _outer_grads(problem, iterates[-1], lam, val)
-    for theta_k in reversed(iterates[steps - truncate : steps]):
-        # The VJP of one step gives both (I - lr H) v and -lr (d2R/dlam dtheta) v.
-        _, step_vjp = vjp(lambda th, la: problem.step(th, la, train), theta_k, lam)
-        v, hyper_k = step_vjp(v)
-        hyper = tree_add(hyper, hyper_k)
-    return Hypergradient(tree_detach(hyper), iterates[-1], value)
+    theta = problem.descend(theta0, lam, train, steps - truncate)
+    with torch.enable_grad():
+        lam = _with_grad(lam)
+        theta = _with_grad(theta)
+        for _ in range(truncate):
+            theta = problem.step(theta, lam, train, create_graph=True)
+        value = problem.outer_loss(theta, lam, val)
+        hyper = _grad(value, lam)
+    return Hypergradient(tree_detach(hyper), tree_detach(theta), float(value.detach()))
 
 
 def rhg(
@@ -100,19 +125,31 @@ def rhg(
     return trhg(problem, theta0, lam, train, val, steps, truncate=steps)
 
 
-def _hessian_vp(problem: Bilevel, theta: Tree, lam: Tree, train: Any) -> Callable[[Tree], Tree]:
-    """v -> (d^2 R^tr / d theta^2) v at (theta, lam), by forward-over-reverse differentiation."""
-    inner_grad = grad(problem.inner_loss)
-    return lambda v: jvp(lambda th: inner_grad(th, lam, train), (theta,), (v,))[1]
+def _implicit(
+    problem: Bilevel,
+    theta0: Tree,
+    lam: Tree,
+    train: Any,
+    val: Any,
+    steps: int,
+    solve: Callable[[Callable[[Tree], Tree], Tree], Tree],
+) -> Hypergradient:
+    """AID: v = solve(hvp, grad_theta R^val) at theta_K; grad_lam R^val - (d2R^tr/dlam dtheta) v."""
+    theta = problem.descend(theta0, lam, train, steps)
+    with torch.enable_grad():
+        theta, lam = _with_grad(theta), _with_grad(lam)
+        value = problem.outer_loss(theta, lam, val)
+        b, g_lam = _grad(value, (theta, lam))
+        inner_grad = _grad(problem.inner_loss(theta, lam, train), theta, create_graph=True)
 
+        def hvp(v: Tree) -> Tree:
+            return tree_detach(_grad(inner_grad, theta, grad_outputs=v, retain_graph=True))
 
-def _implicit_hypergrad(
-    problem: Bilevel, theta: Tree, lam: Tree, train: Any, g_lam: Tree, v: Tree
-) -> Tree:
-    """grad_lam R^val - (d^2 R^tr / d lam d theta) v."""
-    _, mixed_vjp = vjp(lambda la: grad(problem.inner_loss)(theta, la, train), lam)
-    (mixed,) = mixed_vjp(v)
-    return tree_detach(tree_add(g_lam, mixed, -1.0))
+        v = solve(hvp, tree_detach(b))
+        mixed = _grad(inner_grad, lam, grad_outputs=v)
+    return Hypergradient(
+        tree_detach(tree_add(g_lam, mixed, -1.0)), tree_detach(theta), float(value.detach())
+    )
 
 
 def aid_fp(
@@ -126,36 +163,36 @@ def aid_fp(
     solver_lr: float | None = None,
 ) -> Hypergradient:
     """Implicit differentiation; H v = b solved by v <- v - eta (H v - b) (eta: inner lr)."""
-    lam = tree_detach(lam)
-    theta = problem.descend(theta0, lam, train, steps)[-1]
-    b, g_lam, value = _outer_grads(problem, theta, lam, val)
-    hvp = _hessian_vp(problem, theta, lam, train)
     eta = problem.inner_lr if solver_lr is None else solver_lr
-    v = tree_zeros_like(b)
-    for _ in range(solver_steps):
-        v = tree_add(v, tree_add(hvp(v), b, -1.0), -eta)
-    return Hypergradient(_implicit_hypergrad(problem, theta, lam, train, g_lam, v), theta, value)
+
+    def fixed_point(hvp: Callable[[Tree], Tree], b: Tree) -> Tree:
+        v = tree_zeros_like(b)
+        for _ in range(solver_steps):
+            v = tree_add(v, tree_add(hvp(v), b, -1.0), -eta)
+        return v
+
+    return _implicit(problem, theta0, lam, train, val, steps, fixed_point)
 
 
 def aid_cg(
     problem: Bilevel, theta0: Tree, lam: Tree, train: Any, val: Any, steps: int, solver_steps: int
 ) -> Hypergradient:
-    """Implicit differentiation, H v = b solved by `solver_steps` conjugate-gradient iterations."""
-    lam = tree_detach(lam)
-    theta = problem.descend(theta0, lam, train, steps)[-1]
-    b, g_lam, value = _outer_grads(problem, theta, lam, val)
-    hvp = _hessian_vp(problem, theta, lam, train)
-    v = tree_zeros_like(b)
-    residual, direction = b, b
-    rr = tree_dot(residual, residual)
-    for _ in range(solver_steps):
-        if rr <= torch.finfo(rr.dtype).tiny:  # solved exactly; another step would divide by zero
-            break
-        h_dir = hvp(direction)
-        alpha = rr / tree_dot(direction, h_dir)
-        v = tree_add(v, direction, alpha)
-        residual = tree_add(residual, h_dir, -alpha)
-        rr_next = tree_dot(residual, residual)
-        direction = tree_add(residual, direction, rr_next / rr)
-        rr = rr_next
-    return Hypergradient(_implicit_hypergrad(problem, theta, lam, train, g_lam, v), theta, value)
+    """Implicit differentiation; H v = b solved by `solver_steps` conjugate-gradient iterations."""
+
+    def conjugate_gradient(hvp: Callable[[Tree], Tree], b: Tree) -> Tree:
+        v = tree_zeros_like(b)
+        residual, direction = b, b
+        rr = tree_dot(residual, residual)
+        for _ in range(solver_steps):
+            if rr <= torch.finfo(rr.dtype).tiny:  # solved exactly; another step would divide by 0
+                break
+            h_dir = hvp(direction)
+            alpha = rr / tree_dot(direction, h_dir)
+            v = tree_add(v, direction, alpha)
+            residual = tree_add(residual, h_dir, -alpha)
+            rr_next = tree_dot(residual, residual)
+            direction = tree_add(residual, direction, rr_next / rr)
+            rr = rr_next
+        return v
+
+    return _implicit(problem, theta0, lam, train, val, steps, conjugate_gradient)

@@ -1,0 +1,185 @@
+"""Readers for the HPO image tasks: MNIST / Fashion-MNIST (IDX) and CIFAR-10 (tar of JPEGs).
+
+Each dataset lives in a sub-folder of the data root (`fewshot.datasets.resolve_data_root`):
+
+- `mnist/` and `fashion_mnist/`: `{train,t10k}-{images-idx3,labels-idx1}-ubyte`, gzip-compressed
+  (`.gz`) or not; torchvision's `MNIST/raw/` and `FashionMNIST/raw/` folders work as well.
+- `cifar10_jpeg/`: `{train,test}.tar.gz` holding `*/{train,test}/<class>/NNNN.jpg`.
+
+Every reader returns a `fewshot.datasets.ImageSplit` (uint8 images [N, C, H, W], int64 labels).
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import struct
+import tarfile
+from pathlib import Path, PurePosixPath
+
+import numpy as np
+import torch
+from torchvision.io import decode_jpeg
+
+from fewshot.datasets import resolve_data_root
+from fewshot.datasets.base import ImageSplit
+from fewshot.errors import FewshotError
+
+SPLITS = ("train", "test")
+MNIST_CLASSES = [str(d) for d in range(10)]
+FASHION_CLASSES = [
+    "t-shirt/top", "trouser", "pullover", "dress", "coat",
+    "sandal", "shirt", "sneaker", "bag", "ankle boot",
+]  # fmt: skip
+CIFAR10_CLASSES = [
+    "airplane", "automobile", "bird", "cat", "deer",
+    "dog", "frog", "horse", "ship", "truck",
+]  # fmt: skip
+
+# IDX type byte -> numpy dtype (big-endian, as the format stores it).
+IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read one IDX file (gzip-compressed or raw, detected from its first bytes) into an array."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+    except FileNotFoundError:
+        raise FewshotError(f"missing IDX file {path}") from None
+    except (OSError, EOFError) as e:
+        raise FewshotError(f"corrupt IDX file {path}: {e}") from None
+    if len(raw) < 4 or raw[:2] != b"\x00\x00" or raw[2] not in IDX_DTYPES:
+        raise FewshotError(f"corrupt IDX file {path}: bad magic number {raw[:4].hex()}")
+    ndim = raw[3]
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise FewshotError(f"corrupt IDX file {path}: header truncated")
+    shape = struct.unpack(f">{ndim}I", raw[4:header])
+    dtype = np.dtype(IDX_DTYPES[raw[2]])
+    expected = int(np.prod(shape)) * dtype.itemsize
+    if len(raw) - header != expected:
+        raise FewshotError(
+            f"corrupt IDX file {path}: shape {shape} needs {expected} data bytes, "
+            f"found {len(raw) - header}"
+        )
+    return (
+        np.frombuffer(raw, dtype=dtype, offset=header)
+        .reshape(shape)
+        .astype(dtype.newbyteorder("="))
+    )
+
+
+def _find_idx(folders: list[Path], stem: str) -> Path:
+    """The first of `stem` or `stem.gz` found in `folders`, or an error naming where it looked."""
+    for folder in folders:
+        for name in (stem, stem + ".gz"):
+            if (folder / name).is_file():
+                return folder / name
+    raise FewshotError(
+        f"missing IDX file {folders[0] / (stem + '.gz')} (or without .gz): "
+        "copy the dataset's IDX files there or pass --data-root"
+    )
+
+
+def read_mnist_like(
+    data_root: Path, folder: str, torchvision_folder: str, split: str, class_names: list[str]
+) -> ImageSplit:
+    """Read the train or test split of an MNIST-format dataset stored in data_root/folder."""
+    if split not in SPLITS:
+        raise FewshotError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
+    folders = [
+        data_root / folder,
+        data_root / folder / "raw",
+        data_root / torchvision_folder / "raw",
+    ]
+    prefix = "train" if split == "train" else "t10k"
+    image_path = _find_idx(folders, f"{prefix}-images-idx3-ubyte")
+    label_path = _find_idx(folders, f"{prefix}-labels-idx1-ubyte")
+    images, labels = read_idx(image_path), read_idx(label_path)
+    if images.ndim != 3 or images.dtype != np.uint8:
+        raise FewshotError(f"{image_path}: expected uint8 images [N, H, W], got {images.shape}")
+    if labels.ndim != 1 or len(labels) != len(images):
+        raise FewshotError(
+            f"{label_path}: expected {len(images)} labels for {image_path.name}, got {labels.shape}"
+        )
+    if labels.size and int(labels.max()) >= len(class_names):
+        raise FewshotError(f"{label_path}: label {int(labels.max())} outside 0..9")
+    return ImageSplit(
+        images=torch.from_numpy(images.copy()).unsqueeze(1),
+        labels=torch.from_numpy(labels.astype(np.int64)),
+        class_names=list(class_names),
+        mean=(float(images.mean(dtype=np.float64)) / 255,),
+        std=(float(images.std(dtype=np.float64)) / 255,),
+        source=str(image_path),
+    )
+
+
+def read_cifar10_jpeg(data_root: Path, split: str) -> ImageSplit:
+    """Read CIFAR-10 from data_root/cifar10_jpeg/{split}.tar.gz, ordered by class then file name."""
+    if split not in SPLITS:
+        raise FewshotError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
+    path = data_root / "cifar10_jpeg" / f"{split}.tar.gz"
+    if not path.is_file():
+        raise FewshotError(
+            f"missing {path}: copy the CIFAR-10 JPEG tarballs there or pass --data-root"
+        )
+    found: list[tuple[int, str, bytes]] = []
+    try:
+        with tarfile.open(path, "r:*") as tar:
+            for member in tar:
+                parts = PurePosixPath(member.name).parts
+                if not member.isfile() or not member.name.endswith(".jpg") or len(parts) < 3:
+                    continue
+                if parts[-3] != split or parts[-2] not in CIFAR10_CLASSES:
+                    raise FewshotError(f"{path}: unexpected member {member.name}")
+                data = tar.extractfile(member).read()  # bytes only; nothing is written to disk
+                found.append((CIFAR10_CLASSES.index(parts[-2]), parts[-1], data))
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise FewshotError(f"corrupt CIFAR-10 archive {path}: {e}") from None
+    if not found:
+        raise FewshotError(f"{path}: no <class>/*.jpg images under {split}/")
+    found.sort(key=lambda item: item[:2])
+    images = torch.empty(len(found), 3, 32, 32, dtype=torch.uint8)
+    for i, (_, name, data) in enumerate(found):
+        try:
+            image = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        except RuntimeError as e:
+            raise FewshotError(f"{path}: cannot decode {name}: {e}") from None
+        if image.shape != (3, 32, 32):
+            raise FewshotError(f"{path}: {name} is {tuple(image.shape)}, expected 3x32x32 RGB")
+        images[i] = image
+    pixels = images.double() / 255
+    return ImageSplit(
+        images=images,
+        labels=torch.tensor([label for label, _, _ in found]),
+        class_names=list(CIFAR10_CLASSES),
+        mean=tuple(pixels.mean(dim=(0, 2, 3)).tolist()),
+        std=tuple(pixels.std(dim=(0, 2, 3)).tolist()),
+        source=str(path),
+    )
+
+
+def load_image_dataset(
+    name: str, split: str, data_root: str | os.PathLike | None = None
+) -> ImageSplit:
+    """Read split 'train' or 'test' of 'mnist', 'fashion-mnist' or 'cifar10' from the data root."""
+    root = resolve_data_root(data_root)
+    if name == "mnist":
+        return read_mnist_like(root, "mnist", "MNIST", split, MNIST_CLASSES)
+    if name == "fashion-mnist":
+        return read_mnist_like(root, "fashion_mnist", "FashionMNIST", split, FASHION_CLASSES)
+    if name == "cifar10":
+        return read_cifar10_jpeg(root, split)
+    raise FewshotError(f"unknown image dataset {name!r}; choose from {', '.join(IMAGE_DATASETS)}")
+
+
+IMAGE_DATASETS = ("mnist", "fashion-mnist", "cifar10")
+
+
+def flat_pixels(split: ImageSplit, index: torch.Tensor | None = None) -> torch.Tensor:
+    """Images (optionally a subset) as float32 rows [n, C*H*W] with pixels scaled to [0, 1]."""
+    images = split.images if index is None else split.images[index]
+    return images.reshape(len(images), -1).float().div_(255)
