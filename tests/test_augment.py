@@ -146,3 +146,13 @@ def test_a_training_batch_is_fast() -> None:
     print(f"TrainAugment on [160, 3, 84, 84]: {seconds * 1000:.0f} ms per batch")
     assert out.shape == (160, 3, 84, 84)
     assert seconds < 2.0  # generous: the machine running the tests may be busy
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cpu_generator_gives_the_same_augmentation_on_the_gpu() -> None:
+    images = batch(160)
+    aug = TrainAugment.paper(MEAN, STD, 84)
+    on_cpu = aug(images, torch.Generator().manual_seed(4))
+    on_gpu = aug(images.cuda(), torch.Generator().manual_seed(4))
+    assert on_gpu.is_cuda
+    assert torch.allclose(on_gpu.cpu(), on_cpu, atol=1e-5)
