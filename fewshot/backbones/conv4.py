@@ -1,0 +1,45 @@
+"""Conv-4: the four-block convolutional embedding of Vinyals et al. and Snell et al."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def conv_block(in_channels: int, out_channels: int) -> nn.Sequential:
+    """conv3x3 -> BatchNorm -> ReLU -> maxpool 2."""
+    return nn.Sequential(
+        nn.Conv2d(in_channels, out_channels, 3, padding=1),
+        nn.BatchNorm2d(out_channels),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2),
+    )
+
+
+class Conv4(nn.Module):
+    """4 x [conv3x3(channels) -> BN -> ReLU -> maxpool2]; returns flat features [B, out_dim].
+
+    1600-d at 84x84, 64-d at 28x28 with the default 64 channels.
+    """
+
+    def __init__(self, in_channels: int = 3, channels: int = 64, image_size: int = 84):
+        super().__init__()
+        self.channels = channels
+        self.encoder = nn.Sequential(
+            conv_block(in_channels, channels),
+            *(conv_block(channels, channels) for _ in range(3)),
+        )
+        self.out_dim = self.feature_dim(image_size)
+
+    def feature_dim(self, image_size: int) -> int:
+        """Length of the flat feature vector for square inputs of `image_size` pixels."""
+        side = image_size
+        for _ in range(4):
+            side //= 2
+        if side < 1:
+            raise ValueError(f"Conv4 needs images of at least 16 pixels, got {image_size}")
+        return self.channels * side * side
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Embed images [B, C, H, W] into [B, out_dim]."""
+        return self.encoder(x).flatten(1)

@@ -1,0 +1,60 @@
+"""A few-shot classifier: backbone + head function + learnable logit scale."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fewshot.backbones import build_backbone
+from fewshot.errors import FewshotError
+from fewshot.heads import get_head
+
+
+class FewShotModel(nn.Module):
+    """Embeds images with `backbone` and classifies episodes with a head function."""
+
+    def __init__(self, backbone: nn.Module, head: str, head_options: dict | None = None):
+        super().__init__()
+        self.backbone = backbone
+        self.head_name = head
+        self.head_fn = get_head(head)
+        self.head_options = dict(head_options or {})
+        self.scale = nn.Parameter(torch.tensor(1.0))
+
+    def head(self, query, support, support_labels, way: int, shot: int, **overrides):
+        """The unscaled head logits, with the model's head options (overridable per call)."""
+        options = {**self.head_options, **overrides}
+        return self.head_fn(query, support, support_labels, way, shot, **options)
+
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """Flat features [N, d] of normalised images [N, C, H, W]."""
+        return self.backbone(images)
+
+
+def build_model(config: dict) -> FewShotModel:
+    """Build the model a config describes (keys backbone, backbone_options, head, head_options,
+    in_channels, image_size)."""
+    backbone = build_backbone(
+        config["backbone"],
+        config["in_channels"],
+        config["image_size"],
+        **config.get("backbone_options", {}),
+    )
+    return FewShotModel(backbone, config["head"], config.get("head_options", {}))
+
+
+def load_model(ckpt: dict, path, device: torch.device) -> tuple[FewShotModel, dict]:
+    """Rebuild a trained model from a checkpoint written by `fewshot train`."""
+    config = ckpt.get("config")
+    if not isinstance(config, dict) or "model" not in ckpt:
+        raise FewshotError(f"{path} is not a fewshot training checkpoint (no config/model)")
+    model = build_model(config)
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        first = str(e).strip().splitlines()[0]
+        raise FewshotError(
+            f"{path} does not fit a {config['backbone']} backbone with the {config['head']} head: "
+            f"{first}"
+        ) from None
+    return model.to(device).eval(), config

@@ -1,0 +1,269 @@
+"""Episodic meta-training: one backbone forward per step, EHG re-splits on the embeddings."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from fewshot.config import TrainConfig, make_config
+from fewshot.datasets import load_split
+from fewshot.datasets.augment import TrainAugment
+from fewshot.datasets.base import ImageSplit
+from fewshot.datasets.sampler import EpisodeSampler, EpisodeShape
+from fewshot.device import images_to_device, resolve_device
+from fewshot.ehg import check_splits, draw_splits, episode_loss
+from fewshot.errors import FewshotError
+from fewshot.evaluate import evaluate
+from fewshot.io import atomic_torch_save, load_checkpoint
+from fewshot.model import FewShotModel, build_model
+
+
+def model_config(config: TrainConfig, split: ImageSplit) -> dict:
+    """The checkpoint's config: the run's settings plus the image geometry the model needs."""
+    return {**config.to_dict(), "in_channels": split.channels, "image_size": split.image_size}
+
+
+def make_optimizer(config: TrainConfig, model: FewShotModel) -> torch.optim.Optimizer:
+    """SGD with Nesterov momentum (the paper's setting) or Adam."""
+    if config.optimizer == "adam":
+        return torch.optim.Adam(model.parameters(), config.lr, weight_decay=config.weight_decay)
+    return torch.optim.SGD(
+        model.parameters(),
+        config.lr,
+        momentum=config.momentum,
+        nesterov=config.momentum > 0,
+        weight_decay=config.weight_decay,
+    )
+
+
+class Trainer:
+    """Holds the model, optimizer, samplers and RNGs of one run; `fit` trains and checkpoints."""
+
+    def __init__(self, config: TrainConfig, resume: str | None = None):
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.train_split = load_split(config.dataset, config.train_split, config.data_root)
+        self.val_split = load_split(config.dataset, config.val_split, config.data_root)
+        self.shape = EpisodeShape(config.way, config.shot, config.query, config.episodes_per_batch)
+        self.val_shape = EpisodeShape(config.val_way, config.val_shot, config.val_query, 8)
+        check_splits(config.ehg_splits, config.way, config.shot, config.query)
+        torch.manual_seed(config.seed)
+        self.model_config = model_config(config, self.train_split)
+        self.model = build_model(self.model_config).to(self.device)
+        if config.channels_last:
+            self.model.to(memory_format=torch.channels_last)
+        self.optimizer = make_optimizer(config, self.model)
+        self.sampler = EpisodeSampler(
+            self.train_split.labels, self.shape, config.seed, self.train_split.source
+        )
+        # Separate streams, so that turning EHG or augmentation on leaves the episodes unchanged.
+        self.split_rng = torch.Generator().manual_seed(config.seed + 1)
+        self.augment_rng = torch.Generator().manual_seed(config.seed + 2)
+        self.augment = self._make_augment()
+        self.epoch, self.step, self.best_val = 0, 0, -1.0
+        self.run_dir = Path(config.out)
+        if resume:
+            self._restore(load_checkpoint(resume, self.device), resume)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        """Optimizer steps per epoch (episodes per epoch / episodes per batch)."""
+        return self.config.episodes_per_epoch // self.config.episodes_per_batch
+
+    def _make_augment(self):
+        """The training-time image transform (None: normalisation only)."""
+        if not self.config.augment:
+            return None
+        split = self.train_split
+        augment = TrainAugment.paper(split.mean, split.std, split.image_size)
+        return lambda images: augment(images, self.augment_rng)
+
+    def train_step(self) -> tuple[float, float]:
+        """One optimizer step on a batch of episodes; returns (loss, accuracy)."""
+        cfg = self.config
+        index = self.sampler.sample()  # [B, way, pool]
+        images = images_to_device(
+            self.train_split, index.flatten(), self.device, self.augment, cfg.channels_last
+        )
+        embeddings = self.model.embed(images).view(*index.shape, -1)
+        perm = None
+        if cfg.ehg_splits > 1:
+            b, way, _ = index.shape
+            perm = draw_splits(b, way, cfg.shot, cfg.query, cfg.ehg_splits, self.split_rng)
+        loss, acc = episode_loss(
+            embeddings, self.model.head, self.model.scale, cfg.shot, perm, cfg.label_smoothing
+        )
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        return loss.item(), acc.mean().item()
+
+    def validate(self) -> tuple[float, float]:
+        """Accuracy ± 95% CI (percent) on the fixed, seeded validation episodes."""
+        result = evaluate(
+            self.model,
+            self.val_split,
+            self.val_shape,
+            self.config.val_episodes,
+            self.config.val_seed,
+            self.device,
+            head_options=self.config.eval_head_options,
+        )
+        return result.accuracy, result.ci95
+
+    def fit(self) -> Path:
+        """Train to the last epoch; save last.pt every epoch (and on Ctrl-C) and best.pt."""
+        cfg = self.config
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.json").write_text(json.dumps(self.model_config, indent=2) + "\n")
+        with open(self.run_dir / "metrics.jsonl", "a") as log:
+            try:
+                while self.epoch < cfg.epochs:
+                    self._train_epoch(log)
+            except KeyboardInterrupt:
+                last = self.run_dir / "last.pt"
+                self.save(last)
+                raise FewshotError(
+                    f"interrupted at epoch {self.epoch + 1} step {self.step}; saved {last} "
+                    f"(continue with --resume {last})"
+                ) from None
+        return self.run_dir
+
+    def _train_epoch(self, log) -> None:
+        """Finish the current epoch, validate, log and checkpoint."""
+        cfg = self.config
+        for group in self.optimizer.param_groups:
+            group["lr"] = cfg.lr * cfg.lr_factor(self.epoch)
+        self.model.train()
+        losses, accs, start = [], [], time.time()
+        bar = tqdm(
+            range(self.step, self.steps_per_epoch),
+            desc=f"epoch {self.epoch + 1}/{cfg.epochs}",
+            unit="step",
+            leave=False,
+        )
+        for _ in bar:
+            loss, acc = self.train_step()
+            self.step += 1
+            losses.append(loss)
+            accs.append(acc)
+            if not math.isfinite(loss):
+                self.save(self.run_dir / "last.pt")
+                raise FewshotError(f"loss became {loss} at epoch {self.epoch + 1}; lower --lr")
+            bar.set_postfix(loss=f"{loss:.3f}", acc=f"{100 * acc:.1f}")
+        val_acc, val_ci = self.validate()
+        record = {
+            "epoch": self.epoch + 1,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "train_loss": sum(losses) / max(1, len(losses)),
+            "train_acc": 100 * sum(accs) / max(1, len(accs)),
+            "val_acc": val_acc,
+            "val_ci95": val_ci,
+            "seconds": time.time() - start,
+        }
+        log.write(json.dumps(record) + "\n")
+        log.flush()
+        tqdm.write(
+            f"epoch {record['epoch']}: loss {record['train_loss']:.3f} "
+            f"train {record['train_acc']:.2f}% val {val_acc:.2f} ± {val_ci:.2f}%"
+        )
+        self.epoch, self.step = self.epoch + 1, 0
+        if val_acc > self.best_val:
+            self.best_val = val_acc
+            self.save(self.run_dir / "best.pt")
+        self.save(self.run_dir / "last.pt")
+
+    def save(self, path: Path) -> None:
+        """Atomically write everything needed to evaluate or resume exactly."""
+        state = {
+            "config": self.model_config,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "epoch": self.epoch,
+            "step": self.step,
+            "best_val": self.best_val,
+            "sampler": self.sampler.state_dict(),
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "split": self.split_rng.get_state(),
+                "augment": self.augment_rng.get_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+            },
+        }
+        atomic_torch_save(state, path)
+
+    def _restore(self, ckpt: dict, path: str) -> None:
+        """Continue a run from `path` where it stopped."""
+        saved = {
+            k: v for k, v in ckpt.get("config", {}).items() if k not in ("epochs", "out", "device")
+        }
+        mine = {k: v for k, v in self.model_config.items() if k not in ("epochs", "out", "device")}
+        if saved != mine:
+            diff = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
+            raise FewshotError(f"--resume {path}: the run's settings differ in {', '.join(diff)}")
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.epoch, self.step, self.best_val = ckpt["epoch"], ckpt["step"], ckpt["best_val"]
+        self.sampler.load_state_dict(ckpt["sampler"])
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        self.split_rng.set_state(ckpt["rng"]["split"])
+        self.augment_rng.set_state(ckpt["rng"]["augment"])
+        if ckpt["rng"]["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+
+
+def run_train(args: argparse.Namespace) -> Path:
+    """`fewshot train`: build the config from defaults, --config and flags, then train."""
+    overrides = {
+        "dataset": args.dataset,
+        "data_root": args.data_root,
+        "backbone": args.backbone,
+        "head": args.head,
+        "way": args.way,
+        "shot": args.shot,
+        "query": args.query,
+        "val_way": args.val_way,
+        "val_shot": args.val_shot,
+        "val_query": args.val_query,
+        "epochs": args.epochs,
+        "episodes_per_epoch": args.episodes_per_epoch,
+        "episodes_per_batch": args.episodes_per_batch,
+        "ehg_splits": args.ehg_splits,
+        "lr": args.lr,
+        "label_smoothing": args.label_smoothing,
+        "seed": args.seed,
+        "device": args.device,
+        "out": args.out,
+    }
+    config = make_config(args.config, overrides)
+    run_dir = Trainer(config, resume=args.resume).fit()
+    print(f"checkpoints in {run_dir}: best.pt (best validation), last.pt")
+    return run_dir
+
+
+def add_parser(subparsers) -> None:
+    """Add `fewshot train`."""
+    p = subparsers.add_parser("train", help="episodic meta-training")
+    p.add_argument("--config", help="JSON config file (e.g. one from models/); flags override it")
+    p.add_argument("--dataset")
+    p.add_argument("--data-root", help="data folder (default: $FEWSHOT_DATA or the repo's data/)")
+    p.add_argument("--backbone", help="conv4 | resnet12")
+    p.add_argument("--head", help="protonet | ridge | svm")
+    for name in ("way", "shot", "query", "val-way", "val-shot", "val-query", "epochs"):
+        p.add_argument(f"--{name}", type=int)
+    p.add_argument("--episodes-per-epoch", type=int)
+    p.add_argument("--episodes-per-batch", type=int)
+    p.add_argument("--ehg-splits", type=int, help="U re-splits per episode (EHG); 1 = plain")
+    p.add_argument("--lr", type=float)
+    p.add_argument("--label-smoothing", type=float)
+    p.add_argument("--seed", type=int)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--out", help="run folder for checkpoints and metrics.jsonl")
+    p.add_argument("--resume", help="continue from a last.pt of the same run")
+    p.set_defaults(func=run_train)
