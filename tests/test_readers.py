@@ -137,6 +137,16 @@ def test_safe_load_reads_python2_pickles_with_latin1(tmp_path: Path) -> None:
     assert np.array_equal(back["data"], images) and back["labels"] == [5, 9, 5, 9]
 
 
+def test_safe_load_reads_numpy2_module_names(tmp_path: Path) -> None:
+    images = random_images(2, 4)
+    # numpy 2 writes numpy._core where numpy 1 writes numpy.core (GLOBAL opcodes are plain text).
+    blob = pickle.dumps({"data": images}, protocol=2)
+    path = tmp_path / "numpy2.pkl"
+    path.write_bytes(blob.replace(b"numpy.core.multiarray", b"numpy._core.multiarray"))
+    assert b"numpy._core" in path.read_bytes()
+    assert np.array_equal(safe_load(path)["data"], images)
+
+
 def test_safe_load_names_missing_and_corrupt_files(tmp_path: Path) -> None:
     with pytest.raises(FewshotError, match=r"missing.*nothere.pkl"):
         safe_load(tmp_path / "nothere.pkl")
