@@ -99,8 +99,8 @@ def layouts(split: str) -> list[Layout]:
     ]
     found.append(
         Layout(
-            f"image folder with the Ravi {split}.csv",
-            ("images",),
+            f"image folder listed by the Ravi {split}.csv",
+            ("images/",),
             lambda d: read_ravi_folder(d, split),
         )
     )
