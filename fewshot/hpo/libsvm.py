@@ -1,0 +1,154 @@
+"""LIBSVM data sets for the regularization tasks: registry, reader with line-level errors, protocol.
+
+Files live under `<data root>/libsvm/{regression,classification}/NAME` (optionally `NAME.gz`); the
+repository's own data/ is searched after the given root, so the shipped small sets always resolve.
+Sets without a separate test file are split into an observed set of the paper's size (its
+Table 7-1 "training instances") and a held-out test set by a seeded permutation.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from sklearn.datasets import load_svmlight_file
+
+from fewshot.datasets import REPO_DATA, resolve_data_root
+from fewshot.errors import FewshotError
+
+
+@dataclass(frozen=True)
+class LibsvmSet:
+    """Where a data set lives and how the paper splits it."""
+
+    task: str  # "regression" or "classification"
+    train_file: str
+    test_file: str | None = None
+    observed: int | None = None  # size of the observed set when there is no test file
+
+
+DATASETS: dict[str, LibsvmSet] = {
+    "abalone": LibsvmSet("regression", "abalone_scale", observed=835),
+    "bodyfat": LibsvmSet("regression", "bodyfat_scale", observed=125),
+    "mg": LibsvmSet("regression", "mg_scale", observed=276),
+    "pyrim": LibsvmSet("regression", "pyrim_scale", observed=14),
+    "space_ga": LibsvmSet("regression", "space_ga_scale", observed=621),
+    "triazines": LibsvmSet("regression", "triazines_scale", observed=37),
+    "diabetes": LibsvmSet("classification", "diabetes_scale", observed=300),
+    "heart": LibsvmSet("classification", "heart_scale", observed=100),
+    "ionosphere": LibsvmSet("classification", "ionosphere_scale", observed=200),
+    **{
+        name: LibsvmSet("classification", name, f"{name}.t")
+        for name in ("a1a", "a2a", "a3a", "a4a", "a8a", "a9a", "w1a")
+    },
+}
+
+
+@dataclass(frozen=True)
+class TabularData:
+    """Dense observed and test arrays of one data set (labels in {-1, +1} for classification)."""
+
+    name: str
+    task: str
+    x_observed: np.ndarray
+    y_observed: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+
+
+def find_file(task: str, filename: str, data_root: str | os.PathLike | None) -> Path:
+    """The path of libsvm/<task>/<filename>[.gz] under the data root, else the repository data/."""
+    roots = [resolve_data_root(data_root), REPO_DATA]
+    for root in roots:
+        for candidate in (filename, f"{filename}.gz"):
+            path = root / "libsvm" / task / candidate
+            if path.is_file():
+                return path
+    raise FewshotError(
+        f"LIBSVM file libsvm/{task}/{filename} not found under {roots[0]}; pass --data-root "
+        "pointing to a folder that holds it (e.g. the shared data folder)"
+    )
+
+
+def _first_bad_line(path: Path) -> tuple[int, str, str] | None:
+    """(line number, line, reason) of the first line that is not `label [index:value ...]`."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", errors="replace") as f:
+        for number, raw in enumerate(f, start=1):
+            tokens = raw.split("#", 1)[0].split()
+            if not tokens:
+                continue
+            reason = _token_problem(tokens)
+            if reason:
+                return number, raw.rstrip("\r\n"), reason
+    return None
+
+
+def _token_problem(tokens: list[str]) -> str | None:
+    """Why a tokenised line is malformed, or None."""
+    try:
+        float(tokens[0])
+    except ValueError:
+        return f"label {tokens[0]!r} is not a number"
+    for token in tokens[1:]:
+        index, sep, value = token.partition(":")
+        if not sep:
+            return f"{token!r} is not index:value"
+        try:
+            if index != "qid":
+                int(index)
+            float(value)
+        except ValueError:
+            return f"{token!r} is not index:value with an integer index and a numeric value"
+    return None
+
+
+def read_libsvm(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Dense (X, y) from a LIBSVM text file; a malformed line raises FewshotError naming it."""
+    try:
+        x, y = load_svmlight_file(str(path), zero_based=False)
+    except ValueError as e:
+        bad = _first_bad_line(path)
+        if bad is None:
+            raise FewshotError(f"{path}: not a LIBSVM file: {e}") from None
+        number, line, reason = bad
+        raise FewshotError(f"{path}:{number}: {reason}: {line[:80]!r}") from None
+    return np.asarray(x.todense(), dtype=np.float64), np.asarray(y, dtype=np.float64)
+
+
+def _pad(x: np.ndarray, width: int) -> np.ndarray:
+    """X with zero columns appended up to `width` features (test files may omit the last ones)."""
+    return np.pad(x, ((0, 0), (0, width - x.shape[1])))
+
+
+def _signed_labels(y: np.ndarray, path: Path) -> np.ndarray:
+    """Binary labels mapped to {-1, +1}."""
+    classes = np.unique(y)
+    if len(classes) != 2:
+        raise FewshotError(f"{path}: expected 2 classes, found {len(classes)}: {classes[:5]}")
+    return np.where(y == classes.max(), 1.0, -1.0)
+
+
+def load_dataset(name: str, seed: int, data_root: str | os.PathLike | None = None) -> TabularData:
+    """The observed and test sets of a registered LIBSVM data set."""
+    if name not in DATASETS:
+        raise FewshotError(f"unknown --dataset {name!r}; choose from {', '.join(sorted(DATASETS))}")
+    spec = DATASETS[name]
+    train_path = find_file(spec.task, spec.train_file, data_root)
+    x, y = read_libsvm(train_path)
+    if spec.test_file is not None:
+        test_path = find_file(spec.task, spec.test_file, data_root)
+        x_test, y_test = read_libsvm(test_path)
+        width = max(x.shape[1], x_test.shape[1])
+        x, x_test = _pad(x, width), _pad(x_test, width)
+    else:
+        test_path = train_path
+        order = np.random.default_rng(seed).permutation(len(y))
+        keep, held = order[: spec.observed], order[spec.observed :]
+        x, y, x_test, y_test = x[keep], y[keep], x[held], y[held]
+    if spec.task == "classification":
+        y, y_test = _signed_labels(y, train_path), _signed_labels(y_test, test_path)
+    return TabularData(name, spec.task, x, y, x_test, y_test)
