@@ -183,3 +183,36 @@ def flat_pixels(split: ImageSplit, index: torch.Tensor | None = None) -> torch.T
     """Images (optionally a subset) as float32 rows [n, C*H*W] with pixels scaled to [0, 1]."""
     images = split.images if index is None else split.images[index]
     return images.reshape(len(images), -1).float().div_(255)
+
+
+# Classifiers of the HPO image tasks, as pure functions of a parameter dict (any pytree works
+# with fewshot.hpo's estimators): "sr" softmax regression, "mlp" in_dim-300-classes with ReLU.
+CLASSIFIERS = ("sr", "mlp")
+MLP_HIDDEN = 300
+
+
+def init_classifier(kind: str, in_dim: int, num_classes: int, seed: int) -> dict[str, torch.Tensor]:
+    """Initial parameters: zeros for softmax regression, PyTorch-Linear-style uniform for the MLP."""
+    if kind == "sr":
+        return {"w": torch.zeros(in_dim, num_classes), "b": torch.zeros(num_classes)}
+    if kind != "mlp":
+        raise FewshotError(f"unknown model {kind!r}; choose from {', '.join(CLASSIFIERS)}")
+    gen = torch.Generator().manual_seed(seed)
+
+    def uniform(*shape: int, fan_in: int) -> torch.Tensor:
+        return (torch.rand(*shape, generator=gen) * 2 - 1) / fan_in**0.5
+
+    return {
+        "w1": uniform(in_dim, MLP_HIDDEN, fan_in=in_dim),
+        "b1": uniform(MLP_HIDDEN, fan_in=in_dim),
+        "w2": uniform(MLP_HIDDEN, num_classes, fan_in=MLP_HIDDEN),
+        "b2": uniform(num_classes, fan_in=MLP_HIDDEN),
+    }
+
+
+def classifier_logits(theta: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """Logits [n, classes] of either classifier for flat inputs x [n, in_dim]."""
+    if "w" in theta:
+        return torch.addmm(theta["b"], x, theta["w"])
+    hidden = torch.relu(torch.addmm(theta["b1"], x, theta["w1"]))
+    return torch.addmm(theta["b2"], hidden, theta["w2"])
