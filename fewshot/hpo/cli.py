@@ -59,6 +59,11 @@ def _add_regularization(hpo_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--outer-lr", type=float, default=defaults.outer_lr, help="Adam on log lambda")
     p.add_argument("--inner-lr", type=float, default=None, help="default: 1/L of the data loss")
     p.add_argument("--init-lam", type=float, default=defaults.init_lam)
+    p.add_argument(
+        "--shuffle-holdout",
+        action="store_true",
+        help="sets without a test file: observed set = seeded random subset (default: file head)",
+    )
     p.set_defaults(func=_run_regularization)
 
 
@@ -98,7 +103,7 @@ def _run_regularization(args: argparse.Namespace) -> None:
         inner_lr=args.inner_lr,
         init_lam=args.init_lam,
     )
-    data = load_dataset(args.dataset, args.seed, args.data_root)
+    data = load_dataset(args.dataset, args.seed, args.data_root, settings.shuffle_holdout)
     with tqdm(
         total=settings.outer_steps,
         desc=f"{args.dataset} {args.model} {args.method}",

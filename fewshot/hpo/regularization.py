@@ -55,6 +55,7 @@ class Settings:
     inner_lr: float | None = None  # default 1 / (smoothness bound of the data loss)
     init_lam: float = 0.01
     eval_points: int = 50  # test-loss curve resolution
+    shuffle_holdout: bool = False  # observed set: file head (paper's fixed split) or seeded subset
 
     def split_count(self) -> int:
         """U, resolving the per-method default."""
