@@ -12,6 +12,7 @@ Every reader returns a `fewshot.datasets.ImageSplit` (uint8 images [N, C, H, W],
 from __future__ import annotations
 
 import gzip
+import io
 import os
 import struct
 import tarfile
@@ -19,7 +20,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 import torch
-from torchvision.io import decode_jpeg
+from PIL import Image, UnidentifiedImageError
 
 from fewshot.datasets import resolve_data_root
 from fewshot.datasets.base import ImageSplit
@@ -145,19 +146,20 @@ def read_cifar10_jpeg(data_root: Path, split: str) -> ImageSplit:
     images = torch.empty(len(found), 3, 32, 32, dtype=torch.uint8)
     for i, (_, name, data) in enumerate(found):
         try:
-            image = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8))
-        except RuntimeError as e:
+            with Image.open(io.BytesIO(data)) as image:
+                pixels = np.asarray(image.convert("RGB"))
+        except (UnidentifiedImageError, OSError) as e:
             raise FewshotError(f"{path}: cannot decode {name}: {e}") from None
-        if image.shape != (3, 32, 32):
-            raise FewshotError(f"{path}: {name} is {tuple(image.shape)}, expected 3x32x32 RGB")
-        images[i] = image
-    pixels = images.double() / 255
+        if pixels.shape != (32, 32, 3):
+            raise FewshotError(f"{path}: {name} is {pixels.shape[:2]}, expected 32x32")
+        images[i] = torch.from_numpy(pixels.transpose(2, 0, 1).copy())
+    scaled = images.double() / 255
     return ImageSplit(
         images=images,
         labels=torch.tensor([label for label, _, _ in found]),
         class_names=list(CIFAR10_CLASSES),
-        mean=tuple(pixels.mean(dim=(0, 2, 3)).tolist()),
-        std=tuple(pixels.std(dim=(0, 2, 3)).tolist()),
+        mean=tuple(scaled.mean(dim=(0, 2, 3)).tolist()),
+        std=tuple(scaled.std(dim=(0, 2, 3)).tolist()),
         source=str(path),
     )
 
@@ -192,7 +194,7 @@ MLP_HIDDEN = 300
 
 
 def init_classifier(kind: str, in_dim: int, num_classes: int, seed: int) -> dict[str, torch.Tensor]:
-    """Initial parameters: zeros for softmax regression, PyTorch-Linear-style uniform for the MLP."""
+    """Initial parameters: zeros for softmax regression, nn.Linear-style uniform for the MLP."""
     if kind == "sr":
         return {"w": torch.zeros(in_dim, num_classes), "b": torch.zeros(num_classes)}
     if kind != "mlp":

@@ -1,0 +1,196 @@
+"""IDX and CIFAR-10 JPEG readers (real files and small files written here), image classifiers."""
+
+from __future__ import annotations
+
+import gzip
+import io
+import struct
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from fewshot.errors import FewshotError
+from fewshot.hpo.images import (
+    classifier_logits,
+    flat_pixels,
+    init_classifier,
+    load_image_dataset,
+    read_idx,
+)
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+needs_shared = pytest.mark.skipif(
+    not (SHARED_DATA / "mnist").is_dir(), reason="shared data folder not present"
+)
+# Canonical MNIST class counts (LeCun et al.), train and t10k.
+MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
+MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
+
+
+def write_idx(path: Path, array: np.ndarray, compress: bool) -> None:
+    """Write an uint8 IDX file: magic 0 0 8 ndim, big-endian dims, raw bytes."""
+    raw = bytes([0, 0, 8, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
+    raw += array.astype(np.uint8).tobytes()
+    path.write_bytes(gzip.compress(raw) if compress else raw)
+
+
+def write_mnist(folder: Path, n: int, compress: bool, seed: int = 0) -> tuple[np.ndarray, ...]:
+    """A tiny MNIST-format train/test pair; returns (train images, train labels)."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=n, dtype=np.uint8)
+    suffix = ".gz" if compress else ""
+    for prefix in ("train", "t10k"):
+        write_idx(folder / f"{prefix}-images-idx3-ubyte{suffix}", images, compress)
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte{suffix}", labels, compress)
+    return images, labels
+
+
+@needs_shared
+def test_real_mnist_matches_canonical_facts():
+    train = load_image_dataset("mnist", "train", SHARED_DATA)
+    test = load_image_dataset("mnist", "test", SHARED_DATA)
+    assert tuple(train.images.shape) == (60000, 1, 28, 28)
+    assert tuple(test.images.shape) == (10000, 1, 28, 28)
+    assert train.labels[:5].tolist() == [5, 0, 4, 1, 9]
+    assert test.labels[:5].tolist() == [7, 2, 1, 0, 4]
+    assert train.labels.bincount().tolist() == MNIST_TRAIN_COUNTS
+    assert test.labels.bincount().tolist() == MNIST_TEST_COUNTS
+    assert train.mean[0] == pytest.approx(0.1307, abs=1e-4)
+
+
+@needs_shared
+def test_real_fashion_mnist_and_cifar10_counts():
+    fashion = load_image_dataset("fashion-mnist", "test", SHARED_DATA)
+    assert tuple(fashion.images.shape) == (10000, 1, 28, 28)
+    assert fashion.labels.bincount().tolist() == [1000] * 10
+    cifar = load_image_dataset("cifar10", "test", SHARED_DATA)
+    assert tuple(cifar.images.shape) == (10000, 3, 32, 32)
+    assert cifar.labels.bincount().tolist() == [1000] * 10
+    assert cifar.class_names[0] == "airplane" and cifar.class_names[9] == "truck"
+
+
+@pytest.mark.parametrize("compress", [True, False])
+def test_small_idx_files_round_trip(tmp_path, compress):
+    images, labels = write_mnist(tmp_path / "mnist", 7, compress)
+    split = load_image_dataset("mnist", "train", tmp_path)
+    assert torch.equal(split.images[:, 0], torch.from_numpy(images))
+    assert split.labels.tolist() == labels.tolist()
+    assert split.mean[0] == pytest.approx(images.mean() / 255)
+    pixels = flat_pixels(split, torch.tensor([2]))
+    assert pixels.shape == (1, 784)
+    assert torch.allclose(pixels[0], torch.from_numpy(images[2].reshape(-1)).float() / 255)
+
+
+def test_torchvision_raw_layout_is_found(tmp_path):
+    images, _ = write_mnist(tmp_path / "FashionMNIST" / "raw", 3, compress=False)
+    split = load_image_dataset("fashion-mnist", "test", tmp_path)
+    assert torch.equal(split.images[:, 0], torch.from_numpy(images))
+
+
+def test_missing_idx_file_is_named(tmp_path):
+    write_mnist(tmp_path / "mnist", 4, compress=True)
+    (tmp_path / "mnist" / "train-labels-idx1-ubyte.gz").unlink()
+    with pytest.raises(FewshotError, match=r"missing IDX file .*train-labels-idx1-ubyte"):
+        load_image_dataset("mnist", "train", tmp_path)
+
+
+def test_corrupt_idx_files_are_rejected(tmp_path):
+    images = np.zeros((2, 28, 28), dtype=np.uint8)
+    path = tmp_path / "x-idx3-ubyte"
+    write_idx(path, images, compress=False)
+    path.write_bytes(path.read_bytes()[:-5])  # truncated data
+    with pytest.raises(FewshotError, match=r"corrupt IDX file .*needs 1568 data bytes"):
+        read_idx(path)
+    path.write_bytes(b"\x12\x34\x08\x03" + bytes(100))  # bad magic
+    with pytest.raises(FewshotError, match="bad magic"):
+        read_idx(path)
+    path.write_bytes(gzip.compress(b"\x00\x00\x08\x03" + bytes(50))[:-8])  # cut gzip stream
+    with pytest.raises(FewshotError, match="corrupt IDX file"):
+        read_idx(path)
+
+
+def test_label_count_mismatch_is_rejected(tmp_path):
+    write_mnist(tmp_path / "mnist", 5, compress=False)
+    write_idx(tmp_path / "mnist" / "train-labels-idx1-ubyte", np.zeros(4, np.uint8), False)
+    with pytest.raises(FewshotError, match="expected 5 labels"):
+        load_image_dataset("mnist", "train", tmp_path)
+
+
+def _jpeg(color: tuple[int, int, int]) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (32, 32), color).save(buf, format="JPEG", quality=95)
+    return buf.getvalue()
+
+
+def _write_tar(path: Path, members: dict[str, bytes]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_small_cifar_tar_is_read_in_class_order(tmp_path):
+    red, blue = (200, 30, 30), (20, 40, 220)
+    _write_tar(
+        tmp_path / "cifar10_jpeg" / "test.tar.gz",
+        {
+            "cifar10_jpeg/test/truck/0001.jpg": _jpeg(blue),
+            "cifar10_jpeg/test/airplane/0000.jpg": _jpeg(red),
+            "cifar10_jpeg/test/truck/0000.jpg": _jpeg(blue),
+        },
+    )
+    split = load_image_dataset("cifar10", "test", tmp_path)
+    assert split.labels.tolist() == [0, 9, 9]
+    center = split.images[:, :, 16, 16].int()
+    assert (center[0] - torch.tensor(red)).abs().max() <= 6
+    assert (center[1] - torch.tensor(blue)).abs().max() <= 6
+
+
+def test_cifar_errors_name_the_archive(tmp_path):
+    with pytest.raises(FewshotError, match=r"missing .*train\.tar\.gz"):
+        load_image_dataset("cifar10", "train", tmp_path)
+    _write_tar(
+        tmp_path / "cifar10_jpeg" / "test.tar.gz", {"x/test/unicorn/0.jpg": _jpeg((0, 0, 0))}
+    )
+    with pytest.raises(FewshotError, match="unexpected member x/test/unicorn"):
+        load_image_dataset("cifar10", "test", tmp_path)
+    (tmp_path / "cifar10_jpeg" / "test.tar.gz").write_bytes(b"not a tar at all")
+    with pytest.raises(FewshotError, match="corrupt CIFAR-10 archive"):
+        load_image_dataset("cifar10", "test", tmp_path)
+
+
+def test_unknown_dataset_and_split(tmp_path):
+    with pytest.raises(FewshotError, match="unknown image dataset"):
+        load_image_dataset("svhn", "train", tmp_path)
+    with pytest.raises(FewshotError, match="unknown split"):
+        load_image_dataset("mnist", "val", tmp_path)
+
+
+def test_classifiers_shapes_and_parameter_counts():
+    x = torch.rand(5, 784)
+    sr = init_classifier("sr", 784, 10, seed=0)
+    mlp = init_classifier("mlp", 784, 10, seed=0)
+    assert classifier_logits(sr, x).shape == (5, 10)
+    assert classifier_logits(mlp, x).shape == (5, 10)
+    assert sum(p.numel() for p in sr.values()) == 784 * 10 + 10
+    assert sum(p.numel() for p in mlp.values()) == 784 * 300 + 300 + 300 * 10 + 10
+    # The MLP is relu(x W1 + b1) W2 + b2, checked against torch.nn layers holding the same weights.
+    reference = torch.nn.Sequential(
+        torch.nn.Linear(784, 300), torch.nn.ReLU(), torch.nn.Linear(300, 10)
+    )
+    with torch.no_grad():
+        reference[0].weight.copy_(mlp["w1"].T)
+        reference[0].bias.copy_(mlp["b1"])
+        reference[2].weight.copy_(mlp["w2"].T)
+        reference[2].bias.copy_(mlp["b2"])
+    assert torch.allclose(classifier_logits(mlp, x), reference(x), atol=1e-5)
+    with pytest.raises(FewshotError, match="unknown model"):
+        init_classifier("cnn", 784, 10, seed=0)
