@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import warnings
 from dataclasses import asdict
 from pathlib import Path
 
@@ -23,14 +24,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_cleaning(hpo_sub: argparse._SubParsersAction) -> None:
-    """Data hyper-cleaning lives in fewshot.hpo.cleaning_cli (owned separately), when present."""
+    """Hyper-cleaning lives in fewshot.hpo.cleaning_cli (owned separately), added when it loads."""
     try:
         module = importlib.import_module("fewshot.hpo.cleaning_cli")
     except ModuleNotFoundError as e:
-        if e.name != "fewshot.hpo.cleaning_cli":
-            raise
-        return
-    module.add_cleaning_parser(hpo_sub)
+        if e.name == "fewshot.hpo.cleaning_cli":
+            return  # not written yet: `fewshot hpo` simply has no cleaning command
+        raise
+    try:
+        module.add_cleaning_parser(hpo_sub)
+    except ImportError as e:
+        # A half-finished cleaning module must not take the other hpo commands down with it.
+        warnings.warn(f"`fewshot hpo cleaning` unavailable: {e}", stacklevel=2)
 
 
 def _add_regularization(hpo_sub: argparse._SubParsersAction) -> None:
