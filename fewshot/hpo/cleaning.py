@@ -24,7 +24,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from functools import partial
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -202,7 +201,7 @@ class CleanValidationSplits:
 
 @dataclass(frozen=True)
 class Settings:
-    """Everything a hyper-cleaning run depends on (defaults: the paper's setting, our step sizes)."""
+    """Everything a hyper-cleaning run depends on (the paper's setting, our step sizes)."""
 
     dataset: str = "mnist"
     model: str = "sr"

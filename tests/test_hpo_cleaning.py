@@ -1,0 +1,166 @@
+"""Data hyper-cleaning: label corruption, cleaner scores, OEHG splits, short runs and the CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from fewshot.cli import main
+from fewshot.errors import FewshotError
+from fewshot.hpo.cleaning import (
+    CleanValidationSplits,
+    Settings,
+    cleaner_scores,
+    corrupt_labels,
+    draw_cleaning_data,
+    run_cleaning,
+)
+from fewshot.hpo.images import init_classifier
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+needs_shared = pytest.mark.skipif(
+    not (SHARED_DATA / "mnist").is_dir(), reason="shared data folder not present"
+)
+SMALL = {"n_train": 600, "n_val": 300, "n_test": 500}
+
+
+@pytest.fixture(scope="module")
+def small_data():
+    """600 MNIST training examples (half of the labels corrupted), 300 validation, 500 test."""
+    if not (SHARED_DATA / "mnist").is_dir():
+        pytest.skip("shared data folder not present")
+    return draw_cleaning_data("mnist", **SMALL, noise=0.5, seed=3, data_root=SHARED_DATA)
+
+
+def test_corruption_flips_to_a_different_label_at_the_rate():
+    n, rate = 40000, 0.3
+    labels = torch.randint(0, 10, (n,), generator=torch.Generator().manual_seed(0))
+    noisy, flipped = corrupt_labels(labels, rate, 10, torch.Generator().manual_seed(1))
+    assert torch.equal(noisy != labels, flipped)  # flipped exactly where it says, never to itself
+    # Flip count is Binomial(n, rate): within 4 standard deviations.
+    assert abs(int(flipped.sum()) - n * rate) < 4 * (n * rate * (1 - rate)) ** 0.5
+    # The wrong label is uniform over the 9 others: each offset within 4 sd of its expected count.
+    offsets = ((noisy - labels) % 10)[flipped]
+    counts = offsets.bincount(minlength=10)[1:].double()
+    expected = len(offsets) / 9
+    assert (counts - expected).abs().max() < 4 * (expected * 8 / 9) ** 0.5
+    same, none = corrupt_labels(labels, 0.0, 10, torch.Generator().manual_seed(1))
+    assert torch.equal(same, labels) and not none.any()
+
+
+@pytest.mark.parametrize("rate", [1.0, -0.1, 1.5])
+def test_corruption_rate_outside_range_is_rejected(rate):
+    with pytest.raises(FewshotError, match="--noise"):
+        corrupt_labels(torch.zeros(3, dtype=torch.long), rate, 10, torch.Generator())
+
+
+def test_cleaner_scores_against_hand_computed_values():
+    # hits 2, flagged 3, corrupted 3: P = R = F1 = 2/3.
+    s = cleaner_scores(torch.tensor([1, 1, 0, 0, 1, 0]), torch.tensor([1, 0, 1, 0, 1, 0]))
+    assert s == pytest.approx({"precision": 200 / 3, "recall": 200 / 3, "f1": 200 / 3})
+    # hits 1, flagged 4, corrupted 2: P = 1/4, R = 1/2, F1 = 2 * 1/8 / (3/4) = 1/3.
+    s = cleaner_scores(torch.tensor([1, 1, 1, 1, 0]), torch.tensor([1, 0, 0, 0, 1]))
+    assert s == pytest.approx({"precision": 25.0, "recall": 50.0, "f1": 100 / 3})
+    s = cleaner_scores(torch.zeros(4), torch.tensor([1, 0, 0, 1]))
+    assert s == {"precision": 0.0, "recall": 0.0, "f1": 0.0}
+
+
+def test_bad_sizes_and_missing_files_are_named(tmp_path):
+    with pytest.raises(FewshotError, match=r"--noise 1\.0"):
+        draw_cleaning_data("mnist", noise=1.0, data_root=tmp_path)
+    with pytest.raises(FewshotError, match="missing IDX file"):
+        draw_cleaning_data("mnist", data_root=tmp_path)
+    with pytest.raises(FewshotError, match="--dataset"):
+        draw_cleaning_data("cifar10", data_root=tmp_path)
+
+
+@needs_shared
+def test_sizes_larger_than_the_data_are_rejected():
+    with pytest.raises(FewshotError, match="exceed the 60000 training images"):
+        draw_cleaning_data("mnist", n_train=59000, n_val=2000, data_root=SHARED_DATA)
+    with pytest.raises(FewshotError, match="--n-test 10001"):
+        draw_cleaning_data("mnist", n_test=10001, data_root=SHARED_DATA)
+
+
+def test_drawn_sets_are_disjoint_and_seeded(small_data):
+    again = draw_cleaning_data("mnist", **SMALL, noise=0.5, seed=3, data_root=SHARED_DATA)
+    assert torch.equal(again.x_train, small_data.x_train)
+    assert torch.equal(again.corrupted, small_data.corrupted)
+    train_rows = {tuple(r) for r in small_data.x_train[:, ::7].tolist()}
+    val_rows = {tuple(r) for r in small_data.x_val[:, ::7].tolist()}
+    assert not train_rows & val_rows
+    assert 0.4 < float(small_data.corrupted.float().mean()) < 0.6
+
+
+def test_oehg_splits_move_disjoint_confident_examples(small_data):
+    settings = Settings(**SMALL, extra_val=50, clean_confidence=0.9, resplit_every=10)
+    splits = CleanValidationSplits(small_data, 4, settings.extra_val, settings)
+    # A model that believes every given label with probability ~1: one-hot logits by hand.
+    theta = init_classifier("sr", 784, 10, seed=0)
+    confident = {"w": torch.zeros(784, 10), "b": torch.zeros(10)}
+    assert len(splits(0, theta)) == 4 and splits.moved_counts == [0, 0, 0, 0]  # none is sure yet
+    # Make the model certain of label 3 only: examples labelled 3 form the clean pool.
+    confident["b"][3] = 20.0
+    pool = int((small_data.y_train == 3).sum())
+    data = splits(10, confident)
+    share = min(50, pool // 3)
+    assert splits.moved_counts == [0, share, share, share]
+    assert len(data[0][0][2]) == 600 and len(data[0][1][1]) == 300  # split 0 is the original
+    moved = [set(range(600)) - set(train[2].tolist()) for train, _ in data[1:]]
+    assert all(not a & b for i, a in enumerate(moved) for b in moved[i + 1 :])
+    assert all(int(small_data.y_train[i]) == 3 for m in moved for i in m)
+    assert splits(11, theta) is data  # kept until the next re-draw
+
+
+def test_oehg_down_weights_corrupted_examples(small_data):
+    settings = Settings(**SMALL, method="oehg", outer_steps=40, extra_val=40, resplit_every=10)
+    settings = Settings(**{**settings.__dict__, "retrain_steps": 50})
+    result = run_cleaning(settings, small_data)
+    assert result.corrupted_mean_weight < 0.3 < 0.7 < result.clean_mean_weight
+    assert result.f1 > 85
+    assert result.test_accuracy > 70
+    assert result.weight_tr_accuracy > result.dirty_tr_accuracy
+
+
+def test_rhg_and_trhg_down_weight_corrupted_examples(small_data):
+    for method in ("rhg", "trhg"):
+        settings = Settings(
+            **SMALL, method=method, outer_steps=6, inner_steps=8, truncate=2, retrain_steps=10
+        )
+        result = run_cleaning(settings, small_data)
+        assert result.corrupted_mean_weight + 0.15 < result.clean_mean_weight, method
+        assert result.f1 > 70, method
+
+
+def test_settings_are_checked():
+    with pytest.raises(FewshotError, match="--splits applies to oehg only"):
+        Settings(method="rhg", splits=3).check()
+    with pytest.raises(FewshotError, match="exceed the 8000 training examples"):
+        Settings(splits=30, extra_val=400).check()
+    with pytest.raises(FewshotError, match="--truncate"):
+        Settings(method="trhg", truncate=100, inner_steps=64).check()
+
+
+@needs_shared
+def test_cli_prints_scores_and_writes_json(tmp_path, capsys):
+    args = ["hpo", "cleaning", "--dataset", "mnist", "--model", "sr", "--method", "oehg"]
+    args += ["--splits", "2", "--n-train", "200", "--n-val", "100", "--n-test", "100"]
+    args += ["--outer-steps", "3", "--extra-val", "20", "--retrain-steps", "3", "--seed", "1"]
+    args += ["--out", str(tmp_path), "--data-root", str(SHARED_DATA), "--device", "cpu"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    saved = json.loads((tmp_path / "cleaning_mnist_sr_oehg_seed1.json").read_text())
+    assert f"test accuracy: {saved['test_accuracy']:.2f} %" in out
+    assert f"F1: {saved['f1']:.2f} %" in out
+    assert "precision:" in out and "recall:" in out
+    assert saved["settings"]["splits"] == 2
+
+
+def test_cli_rejects_bad_noise(tmp_path, capsys):
+    args = ["hpo", "cleaning", "--dataset", "mnist", "--model", "sr", "--method", "oehg"]
+    args += ["--noise", "1.0", "--out", str(tmp_path), "--data-root", str(tmp_path)]
+    assert main(args) == 2
+    assert "--noise 1.0 must lie in [0, 1)" in capsys.readouterr().err
