@@ -102,7 +102,7 @@ def bias_variance_table(
     gamma: float = 1 / 11,
     lams: np.ndarray | None = None,
     split_counts: tuple[int, ...] = (1, 2, 4, 8),
-    inner_steps: int = 20,
+    inner_steps: int = 5,
     repeats: int = 400,
     seed: int = 0,
 ) -> list[BiasVarianceRow]:
@@ -202,6 +202,8 @@ def plot(rows: list[BiasVarianceRow], path: str) -> None:
         counts, [s["predicted_variance"] for s in summary], "--", label="var_1 (V-U) / (U (V-1))"
     )
     right.set(xlabel="U (splits)", ylabel="mean variance over lambda", title="EHG variance")
+    right.set_xticks(counts, [str(c) for c in counts])
+    right.minorticks_off()
     right.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -149,7 +149,7 @@ def _add_bias_variance(hpo_sub: argparse._SubParsersAction) -> None:
         help="hypergradient error = bias^2 + variance on ridge regression, across lambda and U",
     )
     p.add_argument("--splits", default="1,2,4,8", help="comma-separated U values")
-    p.add_argument("--inner-steps", type=int, default=20, help="K of the RHG estimator")
+    p.add_argument("--inner-steps", type=int, default=5, help="K of the RHG estimator")
     p.add_argument("--repeats", type=int, default=400, help="draws of U splits per U")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default="runs/hpo_bias_variance", help="folder for JSON and plot")
