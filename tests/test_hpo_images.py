@@ -17,14 +17,14 @@ from PIL import Image
 
 from fewshot.cli import main
 from fewshot.errors import FewshotError
+from fewshot.hpo.image_regularization import Settings as RegularizationSettings
 from fewshot.hpo.image_regularization import (
-    MinibatchStream,
     draw_observed_data,
     regularization_problem,
     run_image_regularization,
 )
-from fewshot.hpo.image_regularization import Settings as RegularizationSettings
 from fewshot.hpo.images import (
+    MinibatchStream,
     classifier_logits,
     flat_pixels,
     init_classifier,
@@ -213,6 +213,11 @@ def test_minibatch_stream_covers_each_example_once_per_epoch():
     assert sorted(epoch.tolist()) == list(range(10))
     again = MinibatchStream(x, y, batch=5, seed=0)
     assert torch.equal(again.next()[1], epoch[:5])  # seeded
+    ids = torch.arange(100, 110)
+    xb, yb, ib = MinibatchStream(x, y, batch=3, seed=1, ids=ids).next()
+    assert torch.equal(ib, ids[yb]) and torch.equal(xb[:, 0], yb.float())  # rows stay aligned
+    full = MinibatchStream(x, y, batch=10, seed=0).next()
+    assert full[0] is x and torch.equal(full[2], y)  # full batch: the whole set, in order
 
 
 def test_regularization_losses_match_hand_computation():

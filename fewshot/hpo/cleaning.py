@@ -30,13 +30,19 @@ import torch.nn.functional as F
 from fewshot.errors import FewshotError
 from fewshot.hpo.ensemble import oehg, optimize_offline
 from fewshot.hpo.hypergrad import Bilevel, rhg, trhg
-from fewshot.hpo.images import classifier_logits, flat_pixels, init_classifier, load_image_dataset
+from fewshot.hpo.images import (
+    MinibatchStream,
+    classifier_logits,
+    evaluate,
+    flat_pixels,
+    init_classifier,
+    load_image_dataset,
+)
 
 DATASETS = ("mnist", "fashion-mnist")
 METHODS = ("rhg", "trhg", "oehg")
 
 Theta = dict[str, torch.Tensor]
-TrainData = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # x, labels, indices into the weights
 ValData = tuple[torch.Tensor, torch.Tensor]  # x, labels
 
 
@@ -131,8 +137,8 @@ def cleaner_scores(flagged: torch.Tensor, corrupted: torch.Tensor) -> dict[str, 
 def cleaning_problem(inner_lr: float) -> Bilevel:
     """Inner: weighted training cross-entropy; outer: validation cross-entropy (no weights)."""
 
-    def inner(theta: Theta, logit: torch.Tensor, data: TrainData) -> torch.Tensor:
-        x, y, index = data
+    def inner(theta: Theta, logit: torch.Tensor, data: MinibatchStream) -> torch.Tensor:
+        x, y, index = data.next()  # index: the examples' positions in the weight vector
         losses = F.cross_entropy(classifier_logits(theta, x), y, reduction="none")
         return (torch.sigmoid(logit[index]) * losses).mean()
 
@@ -143,22 +149,14 @@ def cleaning_problem(inner_lr: float) -> Bilevel:
     return Bilevel(inner, outer, inner_lr)
 
 
-@torch.no_grad()
-def evaluate(theta: Theta, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    """(accuracy in %, mean cross-entropy) of a classifier."""
-    logits = classifier_logits(theta, x)
-    return 100 * float((logits.argmax(1) == y).float().mean()), float(F.cross_entropy(logits, y))
-
-
 def train_classifier(
-    kind: str, x: torch.Tensor, y: torch.Tensor, steps: int, lr: float, seed: int
+    kind: str, x: torch.Tensor, y: torch.Tensor, steps: int, lr: float, seed: int, batch: int
 ) -> Theta:
-    """Plain full-batch gradient descent on the unweighted cross-entropy (the retraining rows)."""
+    """Plain SGD on the unweighted cross-entropy (the Dirty Tr / Weight Tr retraining rows)."""
     problem = cleaning_problem(lr)
     theta = {k: v.to(x.device) for k, v in init_classifier(kind, x.shape[1], 10, seed).items()}
     always = torch.full((len(y),), math.inf, device=x.device)  # sigmoid(inf) = weight 1
-    index = torch.arange(len(y), device=x.device)
-    return problem.descend(theta, always, (x, y, index), steps)
+    return problem.descend(theta, always, MinibatchStream(x, y, batch, seed), steps)
 
 
 class CleanValidationSplits:
@@ -167,17 +165,18 @@ class CleanValidationSplits:
     def __init__(self, data: CleaningData, count: int, extra_val: int, settings: Settings):
         self.data, self.count, self.extra_val = data, count, extra_val
         self.confidence, self.every = settings.clean_confidence, settings.resplit_every
+        self.batch, self.seed = settings.batch_size(), settings.seed
         self.gen = torch.Generator().manual_seed(settings.seed + 1)
-        self.current: list[tuple[TrainData, ValData]] = []
+        self.current: list[tuple[MinibatchStream, ValData]] = []
         self.moved_counts: list[int] = []
 
-    def __call__(self, t: int, theta: Theta) -> list[tuple[TrainData, ValData]]:
+    def __call__(self, t: int, theta: Theta) -> list[tuple[MinibatchStream, ValData]]:
         """Re-draw the splits every `resplit_every` steps, else return the current ones."""
         if t % self.every == 0:
-            self.current = self._draw(theta)
+            self.current = self._draw(theta, t)
         return self.current
 
-    def _draw(self, theta: Theta) -> list[tuple[TrainData, ValData]]:
+    def _draw(self, theta: Theta, t: int) -> list[tuple[MinibatchStream, ValData]]:
         d = self.data
         with torch.no_grad():
             probs = torch.softmax(classifier_logits(theta, d.x_train), dim=1)
@@ -192,7 +191,13 @@ class CleanValidationSplits:
             keep[moved] = False
             train_index = torch.nonzero(keep).squeeze(1).to(d.x_train.device)
             moved = moved.to(d.x_train.device)
-            train = (d.x_train[train_index], d.y_train[train_index], train_index)
+            train = MinibatchStream(
+                d.x_train[train_index],
+                d.y_train[train_index],
+                self.batch,
+                seed=self.seed + 1000 * t + u,
+                ids=train_index,
+            )
             val = (torch.cat([d.x_val, d.x_train[moved]]), torch.cat([d.y_val, d.y_train[moved]]))
             splits.append((train, val))
             self.moved_counts.append(len(moved))
@@ -215,13 +220,14 @@ class Settings:
     outer_steps: int | None = None  # T; default: OEHG 1000, RHG/T-RHG the same inner-step budget
     inner_steps: int = 64  # K of RHG / T-RHG (OEHG takes 1 step per outer step)
     truncate: int = 16  # T-RHG back-propagates through the last `truncate` of the K steps
-    inner_lr: float | None = None  # default 0.5 (SR) / 0.1 (MLP), full-batch gradient descent
+    inner_lr: float | None = None  # default 0.5 (SR) / 0.1 (MLP)
+    batch: int | None = None  # inner mini-batch; default full batch (SR) / 1000 (MLP)
     outer_lr: float = 0.1  # Adam on the weight logits
     threshold: float = 0.5
     extra_val: int = 400  # clean-looking training examples moved into each extra OEHG split
     clean_confidence: float = 0.9
     resplit_every: int = 50
-    retrain_steps: int = 1000  # Dirty Tr / Weight Tr: full-batch steps at inner_lr
+    retrain_steps: int = 1000  # Dirty Tr / Weight Tr: SGD steps at inner_lr and batch
     device: str = "cpu"
 
     def split_count(self) -> int:
@@ -231,6 +237,12 @@ class Settings:
     def step_size(self) -> float:
         """The inner (and retraining) learning rate."""
         return self.inner_lr if self.inner_lr is not None else (0.5 if self.model == "sr" else 0.1)
+
+    def batch_size(self) -> int:
+        """The inner mini-batch size (n_train = full-batch gradient descent)."""
+        if self.batch is not None:
+            return self.batch
+        return self.n_train if self.model == "sr" else 1000
 
     def outer_step_count(self) -> int:
         """T; RHG / T-RHG get as many inner steps in total as OEHG(U=5, T=1000) takes (6000)."""
@@ -295,7 +307,8 @@ def run_cleaning(settings: Settings, data: CleaningData, on_step=None) -> Cleani
         ).items()
     }
     logit0 = torch.zeros(len(data.y_train), device=device)
-    full_train = (data.x_train, data.y_train, torch.arange(len(data.y_train), device=device))
+    batch = settings.batch_size()
+    full_train = MinibatchStream(data.x_train, data.y_train, batch, settings.seed)
     if settings.method == "oehg":
         splits = CleanValidationSplits(data, settings.split_count(), settings.extra_val, settings)
         result = oehg(
@@ -319,7 +332,12 @@ def run_cleaning(settings: Settings, data: CleaningData, on_step=None) -> Cleani
     accuracy, loss = evaluate(result.theta, data.x_test, data.y_test)
     keep = ~flagged
     retrain = partial(
-        train_classifier, settings.model, steps=settings.retrain_steps, lr=lr, seed=settings.seed
+        train_classifier,
+        settings.model,
+        steps=settings.retrain_steps,
+        lr=lr,
+        seed=settings.seed,
+        batch=batch,
     )
     weight_tr = retrain(data.x_train[keep], data.y_train[keep])
     dirty_tr = retrain(data.x_train, data.y_train)

@@ -35,6 +35,7 @@ def add_cleaning_parser(hpo_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--truncate", type=int, default=c.truncate, help="T-RHG window")
     p.add_argument("--inner-lr", type=float, default=None, help="default 0.5 (sr) / 0.1 (mlp)")
     p.add_argument("--outer-lr", type=float, default=c.outer_lr, help="Adam on weight logits")
+    p.add_argument("--batch", type=int, default=None, help="inner mini-batch (default sr: all)")
     p.add_argument("--threshold", type=float, default=c.threshold, help="flag weights below")
     p.add_argument("--extra-val", type=int, default=c.extra_val, help="moved per OEHG split")
     p.add_argument("--retrain-steps", type=int, default=c.retrain_steps)
@@ -90,7 +91,14 @@ def _run_cleaning(args: argparse.Namespace) -> None:
     from fewshot.hpo.cleaning import Settings, draw_cleaning_data, run_cleaning
 
     _check_positive(
-        args, "splits", "outer_steps", "inner_steps", "inner_lr", "outer_lr", "retrain_steps"
+        args,
+        "splits",
+        "outer_steps",
+        "inner_steps",
+        "inner_lr",
+        "outer_lr",
+        "batch",
+        "retrain_steps",
     )
     if args.extra_val < 0:
         raise FewshotError(f"--extra-val must be >= 0, got {args.extra_val}")
@@ -109,6 +117,7 @@ def _run_cleaning(args: argparse.Namespace) -> None:
         truncate=args.truncate,
         inner_lr=args.inner_lr,
         outer_lr=args.outer_lr,
+        batch=args.batch,
         threshold=args.threshold,
         extra_val=args.extra_val,
         retrain_steps=args.retrain_steps,

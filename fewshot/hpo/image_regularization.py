@@ -20,10 +20,16 @@ import torch
 import torch.nn.functional as F
 
 from fewshot.errors import FewshotError
-from fewshot.hpo.cleaning import evaluate
 from fewshot.hpo.ensemble import make_splits, oehg, optimize_offline
 from fewshot.hpo.hypergrad import Bilevel, rhg, trhg
-from fewshot.hpo.images import classifier_logits, flat_pixels, init_classifier, load_image_dataset
+from fewshot.hpo.images import (
+    MinibatchStream,
+    classifier_logits,
+    evaluate,
+    flat_pixels,
+    init_classifier,
+    load_image_dataset,
+)
 
 DATASETS = ("mnist", "fashion-mnist", "cifar10")
 METHODS = ("rhg", "trhg", "oehg")
@@ -66,29 +72,11 @@ def draw_observed_data(
     )
 
 
-class MinibatchStream:
-    """Training data that hands out the next seeded mini-batch on every call (inner SGD)."""
-
-    def __init__(self, x: torch.Tensor, y: torch.Tensor, batch: int, seed: int) -> None:
-        self.x, self.y, self.batch = x, y, min(batch, len(y))
-        self.gen = torch.Generator().manual_seed(seed)
-        self.order, self.pos = torch.empty(0, dtype=torch.long), 0
-
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The next mini-batch of a fresh permutation per epoch."""
-        if self.pos + self.batch > len(self.order):
-            self.order = torch.randperm(len(self.y), generator=self.gen).to(self.y.device)
-            self.pos = 0
-        index = self.order[self.pos : self.pos + self.batch]
-        self.pos += self.batch
-        return self.x[index], self.y[index]
-
-
 def regularization_problem(inner_lr: float) -> Bilevel:
     """Inner: mini-batch CE + sum exp(rho) theta^2; outer: validation CE."""
 
     def inner(theta: Theta, rho: Theta, data: MinibatchStream) -> torch.Tensor:
-        x, y = data.next()
+        x, y, _ = data.next()
         penalty = sum((torch.exp(rho[k]) * theta[k] ** 2).sum() for k in theta)
         return F.cross_entropy(classifier_logits(theta, x), y) + penalty
 

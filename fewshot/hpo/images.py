@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from PIL import Image, UnidentifiedImageError
 
 from fewshot.datasets import resolve_data_root
@@ -218,3 +219,44 @@ def classifier_logits(theta: dict[str, torch.Tensor], x: torch.Tensor) -> torch.
         return torch.addmm(theta["b"], x, theta["w"])
     hidden = torch.relu(torch.addmm(theta["b1"], x, theta["w1"]))
     return torch.addmm(theta["b2"], hidden, theta["w2"])
+
+
+@torch.no_grad()
+def evaluate(
+    theta: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor
+) -> tuple[float, float]:
+    """(accuracy in %, mean cross-entropy) of a classifier."""
+    logits = classifier_logits(theta, x)
+    return 100 * float((logits.argmax(1) == y).float().mean()), float(F.cross_entropy(logits, y))
+
+
+class MinibatchStream:
+    """Training data for inner SGD: each `next()` is the next seeded mini-batch of an epoch.
+
+    Returns (x, y, index) with `index` the rows' ids (`ids`, default 0..n-1). A batch of n or more
+    is plain full-batch gradient descent: the whole set every call, in order, without copying.
+    """
+
+    def __init__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        batch: int,
+        seed: int,
+        ids: torch.Tensor | None = None,
+    ) -> None:
+        self.x, self.y, self.batch = x, y, batch
+        self.ids = torch.arange(len(y), device=y.device) if ids is None else ids
+        self.gen = torch.Generator().manual_seed(seed)
+        self.order, self.pos = torch.empty(0, dtype=torch.long), 0
+
+    def next(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The next mini-batch (a fresh permutation per epoch)."""
+        if self.batch >= len(self.y):
+            return self.x, self.y, self.ids
+        if self.pos + self.batch > len(self.order):
+            self.order = torch.randperm(len(self.y), generator=self.gen).to(self.y.device)
+            self.pos = 0
+        rows = self.order[self.pos : self.pos + self.batch]
+        self.pos += self.batch
+        return self.x[rows], self.y[rows], self.ids[rows]
