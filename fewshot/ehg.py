@@ -106,3 +106,30 @@ def episode_loss(
     )
     accuracy = (logits.argmax(-1) == query_labels).float().mean(-1)
     return loss, accuracy
+
+
+def reembedding_gradients(
+    embed: Callable[[torch.Tensor], torch.Tensor],
+    parameters: list[torch.Tensor],
+    images: torch.Tensor,
+    head: Head,
+    scale: torch.Tensor,
+    shot: int,
+    perm: torch.Tensor,
+    label_smoothing: float = 0.0,
+) -> list[torch.Tensor]:
+    """Reference (and naive) EHG: each split's meta-gradient on its own forward, then averaged.
+
+    images: [B, way, pool, C, H, W]. Costs U backbone passes; used to test `episode_loss`
+    and as the baseline in the EHG benchmark.
+    """
+    u, b, way, pool = perm.shape
+    total = [torch.zeros_like(p) for p in parameters]
+    for split in perm.to(images.device):
+        index = split.view(b, way, pool, 1, 1, 1).expand_as(images)
+        reordered = torch.gather(images, 2, index)
+        emb = embed(reordered.flatten(0, 2)).view(b, way, pool, -1)
+        loss, _ = episode_loss(emb, head, scale, shot, None, label_smoothing)
+        for acc, grad in zip(total, torch.autograd.grad(loss, parameters), strict=True):
+            acc += grad / u
+    return total

@@ -1,0 +1,41 @@
+"""Shared fixtures: the shipped Omniglot splits, loaded once per test session."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from fewshot.datasets import load_split
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def omniglot_test():
+    """The Vinyals test split of the shipped Omniglot (1692 classes)."""
+    return load_split("omniglot", "test")
+
+
+@pytest.fixture(scope="session")
+def omniglot_val():
+    """The Vinyals validation split of the shipped Omniglot (688 classes)."""
+    return load_split("omniglot", "val")
+
+
+@pytest.fixture(scope="session")
+def tiny_omniglot_root(tmp_path_factory):
+    """A data root with the real Omniglot files but split lists cut to 24 classes each."""
+    from fewshot.datasets import REPO_DATA
+
+    root = tmp_path_factory.mktemp("data")
+    folder = root / "omniglot"
+    (folder / "splits" / "vinyals").mkdir(parents=True)
+    source = REPO_DATA / "omniglot"
+    for name in ("images_background.npz", "images_evaluation.npz", "omniglot_index.csv"):
+        (folder / name).symlink_to(source / name)
+    for split in ("train", "val", "test"):
+        lines = (source / "splits" / "vinyals" / f"{split}.txt").read_text().split()
+        (folder / "splits" / "vinyals" / f"{split}.txt").write_text("\n".join(lines[:24]) + "\n")
+    return root

@@ -1,0 +1,67 @@
+"""The shipped Omniglot: Vinyals split sizes, rotations as classes, clear errors."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from fewshot.datasets import REPO_DATA, load_split
+from fewshot.errors import FewshotError
+
+
+def test_test_split_matches_vinyals(omniglot_test):
+    assert omniglot_test.num_classes == 1692  # 423 characters x 4 rotations
+    assert omniglot_test.images.shape == (1692 * 20, 1, 28, 28)
+    assert omniglot_test.images.dtype == torch.uint8
+    assert torch.equal(torch.bincount(omniglot_test.labels), torch.full((1692,), 20))
+
+
+def test_rotated_classes_are_rotations(omniglot_test):
+    names = omniglot_test.class_names
+    base = names.index(names[0].rsplit("/", 1)[0] + "/rot000")
+    for k, rot in enumerate(("rot000", "rot090", "rot180", "rot270")):
+        c = names.index(names[base].rsplit("/", 1)[0] + "/" + rot)
+        got = omniglot_test.images[omniglot_test.labels == c]
+        want = torch.rot90(omniglot_test.images[omniglot_test.labels == base], k, dims=(-2, -1))
+        assert torch.equal(got, want)
+
+
+def test_pixels_come_from_the_npz(omniglot_test):
+    # The first test class is row 0 of the evaluation file's first test alphabet: check that
+    # our 28x28 image is the 105x105 drawing averaged over 15x15 cells (up to the area
+    # resampling of 105 -> 28, which is not an integer factor) by comparing ink mass.
+    name = omniglot_test.class_names[0]
+    alphabet, character, _ = name.split("/")
+    rows = [
+        r.split(",") for r in (REPO_DATA / "omniglot" / "omniglot_index.csv").read_text().split()
+    ]
+    row = next(r for r in rows if r[4] == alphabet and r[5] == character)
+    with np.load(REPO_DATA / "omniglot" / row[2]) as d:
+        drawing = ~d["images"][int(row[3]), 0]
+    ours = omniglot_test.images[omniglot_test.labels == 0][0, 0].float() / 255
+    assert float(ours.sum()) == pytest.approx(drawing.sum() * (28 / 105) ** 2, rel=0.02)
+
+
+def test_train_and_val_sizes():
+    train = load_split("omniglot", "train")
+    assert train.num_classes == 4112
+    assert not set(train.class_names) & set(load_split("omniglot", "test").class_names)
+
+
+def test_missing_and_corrupt_files(tmp_path):
+    with pytest.raises(FewshotError, match="missing split list"):
+        load_split("omniglot", "test", tmp_path)
+    shutil.copytree(REPO_DATA / "omniglot" / "splits", tmp_path / "omniglot" / "splits")
+    shutil.copy(REPO_DATA / "omniglot" / "omniglot_index.csv", tmp_path / "omniglot")
+    with pytest.raises(FewshotError, match="images_evaluation.npz"):
+        load_split("omniglot", "test", tmp_path)
+    (tmp_path / "omniglot" / "images_evaluation.npz").write_bytes(b"not a zip file")
+    with pytest.raises(FewshotError, match="corrupt Omniglot file"):
+        load_split("omniglot", "test", tmp_path)
+    with pytest.raises(FewshotError, match="splits train, val, trainval, test"):
+        load_split("omniglot", "holdout", tmp_path)
+    with pytest.raises(FewshotError, match="unknown dataset 'imagenet'"):
+        load_split("imagenet", "test", tmp_path)
