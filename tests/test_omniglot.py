@@ -56,7 +56,7 @@ def test_missing_and_corrupt_files(tmp_path):
         load_split("omniglot", "test", tmp_path)
     shutil.copytree(REPO_DATA / "omniglot" / "splits", tmp_path / "omniglot" / "splits")
     shutil.copy(REPO_DATA / "omniglot" / "omniglot_index.csv", tmp_path / "omniglot")
-    with pytest.raises(FewshotError, match="images_evaluation.npz"):
+    with pytest.raises(FewshotError, match=r"images_evaluation\.npz"):
         load_split("omniglot", "test", tmp_path)
     (tmp_path / "omniglot" / "images_evaluation.npz").write_bytes(b"not a zip file")
     with pytest.raises(FewshotError, match="corrupt Omniglot file"):
