@@ -108,7 +108,7 @@ def test_oehg_splits_move_disjoint_confident_examples(small_data):
     data = splits(10, confident)
     share = min(50, pool // 3)
     assert splits.moved_counts == [0, share, share, share]
-    assert len(data[0][0].ids) == 600 and len(data[0][1][1]) == 300  # split 0 is the original
+    assert len(data[0][0].ids) == 600 and len(data[0][1].y) == 300  # split 0 is the original
     moved = [set(range(600)) - set(train.ids.tolist()) for train, _ in data[1:]]
     assert all(not a & b for i, a in enumerate(moved) for b in moved[i + 1 :])
     assert all(int(small_data.y_train[i]) == 3 for m in moved for i in m)

@@ -43,7 +43,6 @@ DATASETS = ("mnist", "fashion-mnist")
 METHODS = ("rhg", "trhg", "oehg")
 
 Theta = dict[str, torch.Tensor]
-ValData = tuple[torch.Tensor, torch.Tensor]  # x, labels
 
 
 @dataclass(frozen=True)
@@ -142,8 +141,8 @@ def cleaning_problem(inner_lr: float) -> Bilevel:
         losses = F.cross_entropy(classifier_logits(theta, x), y, reduction="none")
         return (torch.sigmoid(logit[index]) * losses).mean()
 
-    def outer(theta: Theta, logit: torch.Tensor, data: ValData) -> torch.Tensor:
-        x, y = data
+    def outer(theta: Theta, logit: torch.Tensor, data: MinibatchStream) -> torch.Tensor:
+        x, y, _ = data.next()
         return F.cross_entropy(classifier_logits(theta, x), y)
 
     return Bilevel(inner, outer, inner_lr)
@@ -165,18 +164,19 @@ class CleanValidationSplits:
     def __init__(self, data: CleaningData, count: int, extra_val: int, settings: Settings):
         self.data, self.count, self.extra_val = data, count, extra_val
         self.confidence, self.every = settings.clean_confidence, settings.resplit_every
-        self.batch, self.seed = settings.batch_size(), settings.seed
+        self.batch, self.val_batch = settings.batch_size(), settings.val_batch_size()
+        self.seed = settings.seed
         self.gen = torch.Generator().manual_seed(settings.seed + 1)
-        self.current: list[tuple[MinibatchStream, ValData]] = []
+        self.current: list[tuple[MinibatchStream, MinibatchStream]] = []
         self.moved_counts: list[int] = []
 
-    def __call__(self, t: int, theta: Theta) -> list[tuple[MinibatchStream, ValData]]:
+    def __call__(self, t: int, theta: Theta) -> list[tuple[MinibatchStream, MinibatchStream]]:
         """Re-draw the splits every `resplit_every` steps, else return the current ones."""
         if t % self.every == 0:
             self.current = self._draw(theta, t)
         return self.current
 
-    def _draw(self, theta: Theta, t: int) -> list[tuple[MinibatchStream, ValData]]:
+    def _draw(self, theta: Theta, t: int) -> list[tuple[MinibatchStream, MinibatchStream]]:
         d = self.data
         with torch.no_grad():
             probs = torch.softmax(classifier_logits(theta, d.x_train), dim=1)
@@ -198,7 +198,12 @@ class CleanValidationSplits:
                 seed=self.seed + 1000 * t + u,
                 ids=train_index,
             )
-            val = (torch.cat([d.x_val, d.x_train[moved]]), torch.cat([d.y_val, d.y_train[moved]]))
+            val = MinibatchStream(
+                torch.cat([d.x_val, d.x_train[moved]]),
+                torch.cat([d.y_val, d.y_train[moved]]),
+                self.val_batch,
+                seed=self.seed + 1000 * t + u + 500,
+            )
             splits.append((train, val))
             self.moved_counts.append(len(moved))
         return splits
@@ -220,8 +225,9 @@ class Settings:
     outer_steps: int | None = None  # T; default: OEHG 1000, RHG/T-RHG the same inner-step budget
     inner_steps: int = 64  # K of RHG / T-RHG (OEHG takes 1 step per outer step)
     truncate: int = 16  # T-RHG back-propagates through the last `truncate` of the K steps
-    inner_lr: float | None = None  # default 0.5 (SR) / 0.1 (MLP)
-    batch: int | None = None  # inner mini-batch; default full batch (SR) / 1000 (MLP)
+    inner_lr: float | None = None  # default 0.5 (SR) / 0.2 (MLP)
+    batch: int | None = None  # inner mini-batch; default full batch (SR) / 500 (MLP)
+    val_batch: int | None = None  # validation mini-batch; default full (SR) / 500 (MLP)
     outer_lr: float = 0.1  # Adam on the weight logits
     threshold: float = 0.5
     extra_val: int = 400  # clean-looking training examples moved into each extra OEHG split
@@ -236,13 +242,19 @@ class Settings:
 
     def step_size(self) -> float:
         """The inner (and retraining) learning rate."""
-        return self.inner_lr if self.inner_lr is not None else (0.5 if self.model == "sr" else 0.1)
+        return self.inner_lr if self.inner_lr is not None else (0.5 if self.model == "sr" else 0.2)
 
     def batch_size(self) -> int:
         """The inner mini-batch size (n_train = full-batch gradient descent)."""
         if self.batch is not None:
             return self.batch
-        return self.n_train if self.model == "sr" else 1000
+        return self.n_train if self.model == "sr" else 500
+
+    def val_batch_size(self) -> int:
+        """The validation mini-batch size of the outer loss (>= the set size: all of it)."""
+        if self.val_batch is not None:
+            return self.val_batch
+        return self.n_val + self.extra_val if self.model == "sr" else 500
 
     def outer_step_count(self) -> int:
         """T; RHG / T-RHG get as many inner steps in total as OEHG(U=5, T=1000) takes (6000)."""
@@ -321,7 +333,8 @@ def run_cleaning(settings: Settings, data: CleaningData, on_step=None) -> Cleani
             if settings.method == "rhg"
             else partial(trhg, steps=K, truncate=settings.truncate)
         )
-        split_data = [(full_train, (data.x_val, data.y_val))]
+        val = MinibatchStream(data.x_val, data.y_val, settings.val_batch_size(), settings.seed)
+        split_data = [(full_train, val)]
         result = optimize_offline(
             estimator, problem, theta0, logit0, split_data, steps, settings.outer_lr, K, on_step
         )

@@ -33,9 +33,10 @@ def add_cleaning_parser(hpo_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--outer-steps", type=int, default=None, help="T (default: equal budgets)")
     p.add_argument("--inner-steps", type=int, default=c.inner_steps, help="K of RHG / T-RHG")
     p.add_argument("--truncate", type=int, default=c.truncate, help="T-RHG window")
-    p.add_argument("--inner-lr", type=float, default=None, help="default 0.5 (sr) / 0.1 (mlp)")
+    p.add_argument("--inner-lr", type=float, default=None, help="default 0.5 (sr) / 0.2 (mlp)")
     p.add_argument("--outer-lr", type=float, default=c.outer_lr, help="Adam on weight logits")
-    p.add_argument("--batch", type=int, default=None, help="inner mini-batch (default sr: all)")
+    p.add_argument("--batch", type=int, default=None, help="default: all (sr), 500 (mlp)")
+    p.add_argument("--val-batch", type=int, default=None, help="default: all (sr), 500 (mlp)")
     p.add_argument("--threshold", type=float, default=c.threshold, help="flag weights below")
     p.add_argument("--extra-val", type=int, default=c.extra_val, help="moved per OEHG split")
     p.add_argument("--retrain-steps", type=int, default=c.retrain_steps)
@@ -98,6 +99,7 @@ def _run_cleaning(args: argparse.Namespace) -> None:
         "inner_lr",
         "outer_lr",
         "batch",
+        "val_batch",
         "retrain_steps",
     )
     if args.extra_val < 0:
@@ -118,6 +120,7 @@ def _run_cleaning(args: argparse.Namespace) -> None:
         inner_lr=args.inner_lr,
         outer_lr=args.outer_lr,
         batch=args.batch,
+        val_batch=args.val_batch,
         threshold=args.threshold,
         extra_val=args.extra_val,
         retrain_steps=args.retrain_steps,
