@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from fewshot.errors import FewshotError
-from fewshot.hpo.ensemble import oehg, optimize_offline
+from fewshot.hpo.ensemble import StepCallback, oehg, optimize_offline
 from fewshot.hpo.hypergrad import Bilevel, rhg, trhg
 from fewshot.hpo.images import (
     MinibatchStream,
@@ -149,11 +149,19 @@ def cleaning_problem(inner_lr: float) -> Bilevel:
 
 
 def train_classifier(
-    kind: str, x: torch.Tensor, y: torch.Tensor, steps: int, lr: float, seed: int, batch: int
+    kind: str,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    num_classes: int,
+    steps: int,
+    lr: float,
+    seed: int,
+    batch: int,
 ) -> Theta:
     """Plain SGD on the unweighted cross-entropy (the Dirty Tr / Weight Tr retraining rows)."""
     problem = cleaning_problem(lr)
-    theta = {k: v.to(x.device) for k, v in init_classifier(kind, x.shape[1], 10, seed).items()}
+    theta = init_classifier(kind, x.shape[1], num_classes, seed)
+    theta = {k: v.to(x.device) for k, v in theta.items()}
     always = torch.full((len(y),), math.inf, device=x.device)  # sigmoid(inf) = weight 1
     return problem.descend(theta, always, MinibatchStream(x, y, batch, seed), steps)
 
@@ -304,7 +312,9 @@ class CleaningResult:
     clean_mean_weight: float = 0.0
 
 
-def run_cleaning(settings: Settings, data: CleaningData, on_step=None) -> CleaningResult:
+def run_cleaning(
+    settings: Settings, data: CleaningData, on_step: StepCallback | None = None
+) -> CleaningResult:
     """Learn the example weights with the chosen method, then score, retrain and compare."""
     settings.check()
     start = time.perf_counter()
@@ -347,6 +357,7 @@ def run_cleaning(settings: Settings, data: CleaningData, on_step=None) -> Cleani
     retrain = partial(
         train_classifier,
         settings.model,
+        num_classes=data.num_classes,
         steps=settings.retrain_steps,
         lr=lr,
         seed=settings.seed,

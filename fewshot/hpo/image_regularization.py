@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from fewshot.errors import FewshotError
-from fewshot.hpo.ensemble import make_splits, oehg, optimize_offline
+from fewshot.hpo.ensemble import StepCallback, make_splits, oehg, optimize_offline
 from fewshot.hpo.hypergrad import Bilevel, rhg, trhg
 from fewshot.hpo.images import (
     MinibatchStream,
@@ -145,7 +145,7 @@ class RegularizationResult:
 
 
 def run_image_regularization(
-    settings: Settings, data: ObservedData, on_step=None
+    settings: Settings, data: ObservedData, on_step: StepCallback | None = None
 ) -> RegularizationResult:
     """Learn per-parameter weights with RHG / T-RHG / OEHG and test the deployed model."""
     settings.check()
