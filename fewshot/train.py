@@ -45,11 +45,19 @@ def make_optimizer(config: TrainConfig, model: FewShotModel) -> torch.optim.Opti
 class Trainer:
     """Holds the model, optimizer, samplers and RNGs of one run; `fit` trains and checkpoints."""
 
-    def __init__(self, config: TrainConfig, resume: str | None = None):
+    def __init__(
+        self,
+        config: TrainConfig,
+        resume: str | None = None,
+        splits: tuple[ImageSplit, ImageSplit] | None = None,
+    ):
+        """Set up a run; `splits` = (train, val) replaces reading config.dataset from disk."""
         self.config = config
         self.device = resolve_device(config.device)
-        self.train_split = load_split(config.dataset, config.train_split, config.data_root)
-        self.val_split = load_split(config.dataset, config.val_split, config.data_root)
+        self.train_split, self.val_split = splits or (
+            load_split(config.dataset, config.train_split, config.data_root),
+            load_split(config.dataset, config.val_split, config.data_root),
+        )
         self.shape = EpisodeShape(config.way, config.shot, config.query, config.episodes_per_batch)
         self.val_shape = EpisodeShape(config.val_way, config.val_shot, config.val_query, 8)
         check_splits(config.ehg_splits, config.way, config.shot, config.query)
