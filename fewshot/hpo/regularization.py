@@ -143,7 +143,6 @@ def run(
         raise FewshotError(
             f"--dataset {data.name} is a {kind} set; --model {settings.model} does not fit"
         )
-    torch.manual_seed(settings.seed)
     splits = make_splits(
         len(data.y_observed), settings.gamma, settings.split_count(), settings.seed
     )
