@@ -114,14 +114,15 @@ def _plot(results: list[dict], path: Path, dataset: str) -> None:
     counts = list(dict.fromkeys(r["splits"] for r in results))
     fig, axes = plt.subplots(1, len(counts), figsize=(5 * len(counts), 3.5), squeeze=False)
     for ax, count in zip(axes[0], counts, strict=True):
-        for r in (r for r in results if r["splits"] == count):
-            ax.plot(r["ground_truth"], "k-", lw=1)
-            ax.plot(r["aid_fp"], "--", lw=1)
+        for i, r in enumerate(r for r in results if r["splits"] == count):
+            color = f"C{i}"  # one colour per seed: solid ground truth, dashed AID-FP estimate
+            ax.plot(r["ground_truth"], "-", color=color, lw=1.2)
+            ax.plot(r["aid_fp"], "--", color=color, lw=1.2)
         ax.set(
             yscale="log",
             xlabel="outer step",
             ylabel="lambda",
-            title=f"{dataset} lasso, U={count} (solid: ground truth)",
+            title=f"{dataset} lasso, U={count}: solid exact, dashed AID-FP",
         )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
