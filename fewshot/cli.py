@@ -9,7 +9,12 @@ import sys
 from fewshot.errors import FewshotError
 
 # Modules that define `add_parser(subparsers)`, each adding one or more sub-commands.
-COMMAND_MODULES = ("fewshot.train", "fewshot.evaluate", "fewshot.hpo.cli")
+COMMAND_MODULES = (
+    "fewshot.train",
+    "fewshot.evaluate",
+    "fewshot.hpo.cli",
+    "fewshot.metaoptnet_import",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
