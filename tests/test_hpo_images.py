@@ -217,7 +217,7 @@ def test_minibatch_stream_covers_each_example_once_per_epoch():
     xb, yb, ib = MinibatchStream(x, y, batch=3, seed=1, ids=ids).next()
     assert torch.equal(ib, ids[yb]) and torch.equal(xb[:, 0], yb.float())  # rows stay aligned
     full = MinibatchStream(x, y, batch=10, seed=0).next()
-    assert full[0] is x and torch.equal(full[2], y)  # full batch: the whole set, in order
+    assert torch.equal(full[0], x) and torch.equal(full[2], y)  # full batch: all, in order
 
 
 def test_regularization_losses_match_hand_computation():
