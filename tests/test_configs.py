@@ -1,0 +1,156 @@
+"""The model zoo's configs load and build, carry the paper's settings, and the table script
+lists exactly the paper's runs."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fewshot.config import make_config, read_config_file
+from fewshot.model import build_model
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((REPO / "models").glob("*/*.json"))
+# (channels, image side) of each dataset's images: the geometry `fewshot train` gives the model.
+GEOMETRY = {
+    "omniglot": (1, 28),
+    "miniimagenet": (3, 84),
+    "tieredimagenet": (3, 84),
+    "cifar-fs": (3, 32),
+    "fc100": (3, 32),
+}
+# Paper / MetaOptNet: training shot of the MetaOptNet heads per dataset.
+METAOPTNET_TRAIN_SHOT = {"miniimagenet": 15, "tieredimagenet": 10, "cifar-fs": 5, "fc100": 15}
+TABLE_SCRIPT = REPO / "scripts" / "train_fewshot_table.py"
+
+
+def config_id(path: Path) -> str:
+    """Short test id: dataset/name."""
+    return f"{path.parent.name}/{path.stem}"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=config_id)
+def test_config_loads_and_builds(path):
+    config = make_config(str(path), {})
+    assert config.dataset == path.parent.name
+    channels, size = GEOMETRY[config.dataset]
+    model = build_model({**config.to_dict(), "in_channels": channels, "image_size": size})
+    assert model.backbone.out_dim > 0
+    assert model.head_name == config.head
+
+
+PAPER_CONFIGS = [p for p in CONFIGS if p.parent.name in METAOPTNET_TRAIN_SHOT]
+
+
+def test_paper_configs_cover_every_setting():
+    names = {config_id(p) for p in PAPER_CONFIGS}
+    expected = {
+        f"{d}/{m}_{b}_{s}shot"
+        for d in METAOPTNET_TRAIN_SHOT
+        for m in ("protonet", "ridge", "svm")
+        for b in ("conv4", "resnet12")
+        for s in (1, 5)
+    }
+    assert names == expected
+
+
+@pytest.mark.parametrize("path", PAPER_CONFIGS, ids=config_id)
+def test_paper_settings(path):
+    c = make_config(str(path), {})
+    test_shot = int(path.stem.split("_")[-1].removesuffix("shot"))
+    assert (c.way, c.query, c.val_way, c.val_query, c.val_shot) == (5, 15, 5, 15, test_shot)
+    assert c.shot == (test_shot if c.head == "protonet" else METAOPTNET_TRAIN_SHOT[c.dataset])
+    assert (c.optimizer, c.lr, c.momentum, c.weight_decay) == ("sgd", 0.1, 0.9, 5e-4)
+    assert [c.lr_factor(e) for e in (19, 20, 39, 40, 49, 50, 99)] == [
+        1.0, 0.06, 0.06, 0.012, 0.012, 0.0024, 0.0024,
+    ]  # fmt: skip
+    assert (c.epochs, c.episodes_per_epoch, c.episodes_per_batch) == (100, 1000, 2)
+    assert (c.augment, c.label_smoothing, c.ehg_splits) == (True, 0.1, 1)
+    size = GEOMETRY[c.dataset][1]
+    if c.backbone == "resnet12":
+        assert c.backbone_options == {"drop_block_size": 5 if size == 84 else 2}
+    assert c.head_options == ({"normalize_by_dim": True} if c.head == "protonet" else {})
+    assert c.eval_head_options == ({"max_iter": 3} if c.head == "svm" else {})
+
+
+def test_config_outputs_are_distinct():
+    outs = [read_config_file(p).get("out") for p in CONFIGS]
+    assert len(set(outs)) == len(outs)
+
+
+def flag(command: list[str], name: str) -> Path | str:
+    """The value after `name` in a command (a Path for path flags); '1' for a missing EHG flag."""
+    if name not in command:
+        return "1"
+    value = command[command.index(name) + 1]
+    return Path(value) if name in ("--config", "--out", "--checkpoint") else value
+
+
+def test_table_dry_run_lists_the_papers_runs(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(TABLE_SCRIPT), "--data-root", str(tmp_path), "--dry-run"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=tmp_path,
+    )
+    commands = [shlex.split(line) for line in result.stdout.splitlines()]
+    trains = [c for c in commands if c[:2] == ["fewshot", "train"]]
+    evals = [c for c in commands if c[:2] == ["fewshot", "eval"]]
+    assert len(commands) == len(trains) + len(evals)
+    # 24 configs (3 methods x 2 backbones x 2 shots x 2 datasets), each plain and with EHG U=5.
+    runs = [
+        (flag(c, "--config").relative_to(REPO / "models"), flag(c, "--ehg-splits")) for c in trains
+    ]
+    expected = {
+        (Path(d) / f"{m}_{b}_{s}shot.json", u)
+        for d in ("miniimagenet", "tieredimagenet")
+        for m in ("protonet", "ridge", "svm")
+        for b in ("conv4", "resnet12")
+        for s in (1, 5)
+        for u in ("1", "5")
+    }
+    assert len(runs) == len(set(runs)) == 48 and set(runs) == expected
+    # Every run is evaluated once, on 2000 seeded 5-way test episodes of its own test shot.
+    outs = [flag(c, "--out") for c in trains]
+    assert sorted(flag(c, "--checkpoint").parent for c in evals) == sorted(outs)
+    for c in evals:
+        settings = dict(zip(c[2::2], c[3::2], strict=False))
+        assert settings["--episodes"] == "2000" and settings["--way"] == "5"
+        assert settings["--split"] == "test" and settings["--seed"] == "0"
+        assert settings["--data-root"] == str(tmp_path)
+        assert f"_{settings['--shot']}shot" in settings["--checkpoint"]
+
+
+def load_table_script():
+    """The table script as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("train_fewshot_table", TABLE_SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_only_filters_and_table_cells(tmp_path):
+    script = load_table_script()
+    runs = script.select(script.all_runs(), ["protonet,ridge", "conv4", "ehg", "tieredimagenet"])
+    assert sorted(r.name for r in runs) == [
+        f"tieredimagenet/{m}_conv4_{s}shot_ehg5" for m in ("protonet", "ridge") for s in (1, 5)
+    ]
+    with pytest.raises(script.FewshotError, match="unknown resnet18"):
+        script.select(script.all_runs(), ["resnet18"])
+    run_dir = tmp_path / "tieredimagenet" / "svm_resnet12_5shot_ehg5"
+    run_dir.mkdir(parents=True)
+    (run_dir / "test.json").write_text(json.dumps({"accuracy": 81.234, "ci95": 0.5555}))
+    lines = script.table(tmp_path, 2000).splitlines()
+    # Conv-4 rows come first, then ResNet-12; the last column is tieredImageNet 5-shot.
+    conv4, resnet12 = [line for line in lines if line.startswith("| MetaOptNet-SVM(+EHG)")]
+    assert "81.23" not in conv4 and conv4.count("—") == 4
+    assert resnet12.split(" | ")[-1] == "81.23 ± 0.56 (80.62 ± 0.55) |"
+    assert resnet12.count("—") == 3
