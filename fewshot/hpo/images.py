@@ -1,4 +1,4 @@
-"""Readers for the HPO image tasks: MNIST / Fashion-MNIST (IDX) and CIFAR-10 (tar of JPEGs).
+"""Data and models of the HPO image tasks: MNIST / Fashion-MNIST (IDX) and CIFAR-10 (JPEG tars).
 
 Each dataset lives in a sub-folder of the data root (`fewshot.datasets.resolve_data_root`):
 
@@ -7,6 +7,10 @@ Each dataset lives in a sub-folder of the data root (`fewshot.datasets.resolve_d
 - `cifar10_jpeg/`: `{train,test}.tar.gz` holding `*/{train,test}/<class>/NNNN.jpg`.
 
 Every reader returns a `fewshot.datasets.ImageSplit` (uint8 images [N, C, H, W], int64 labels).
+
+Also shared by the image tasks (hyper-cleaning, per-parameter regularization): the two
+classifiers as pure functions of a parameter dict (`init_classifier`, `classifier_logits`),
+`evaluate`, and `MinibatchStream`, the training data the inner SGD draws its batches from.
 """
 
 from __future__ import annotations
