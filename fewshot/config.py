@@ -43,6 +43,7 @@ class TrainConfig:
     label_smoothing: float = 0.0
     augment: bool = False
     channels_last: bool = True
+    amp: str = "off"  # off | bf16 | fp16: autocast for the backbone
     seed: int = 0
     device: str = "auto"
     out: str = "runs/default"

@@ -9,12 +9,20 @@ from fewshot.backbones import build_backbone
 from fewshot.errors import FewshotError
 from fewshot.heads import get_head
 
+# --amp choices: the autocast dtype of the backbone (heads and QPs always run in float32).
+AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
 
 class FewShotModel(nn.Module):
     """Embeds images with `backbone` and classifies episodes with a head function."""
 
-    def __init__(self, backbone: nn.Module, head: str, head_options: dict | None = None):
+    def __init__(
+        self, backbone: nn.Module, head: str, head_options: dict | None = None, amp: str = "off"
+    ):
         super().__init__()
+        if amp not in AMP_DTYPES:
+            raise FewshotError(f"--amp must be one of {', '.join(AMP_DTYPES)}, not {amp!r}")
+        self.amp_dtype = AMP_DTYPES[amp]
         self.backbone = backbone
         self.head_name = head
         self.head_fn = get_head(head)
@@ -27,8 +35,16 @@ class FewShotModel(nn.Module):
         return self.head_fn(query, support, support_labels, way, shot, **options)
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
-        """Flat features [N, d] of normalised images [N, C, H, W]."""
-        return self.backbone(images)
+        """Flat float32 features [N, d] of normalised images [N, C, H, W] (autocast if amp)."""
+        if self.amp_dtype is None:
+            return self.backbone(images)
+        with torch.autocast(images.device.type, dtype=self.amp_dtype):
+            features = self.backbone(images)
+        return features.float()
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        """Same as `embed`; the entry point DistributedDataParallel wraps."""
+        return self.embed(images)
 
 
 def build_model(config: dict) -> FewShotModel:
@@ -40,7 +56,9 @@ def build_model(config: dict) -> FewShotModel:
         config["image_size"],
         **config.get("backbone_options", {}),
     )
-    return FewShotModel(backbone, config["head"], config.get("head_options", {}))
+    return FewShotModel(
+        backbone, config["head"], config.get("head_options", {}), config.get("amp", "off")
+    )
 
 
 def load_model(ckpt: dict, path, device: torch.device) -> tuple[FewShotModel, dict]:

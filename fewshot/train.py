@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import time
 from pathlib import Path
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
 from fewshot.config import TrainConfig, make_config
@@ -17,10 +19,11 @@ from fewshot.datasets.augment import TrainAugment
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeSampler, EpisodeShape
 from fewshot.device import images_to_device, resolve_device
+from fewshot.distributed import init_distributed
 from fewshot.ehg import check_splits, draw_splits, episode_loss
 from fewshot.errors import FewshotError
 from fewshot.evaluate import evaluate
-from fewshot.io import atomic_torch_save, load_checkpoint
+from fewshot.io import atomic_torch_save, atomic_write_json, load_checkpoint
 from fewshot.model import FewShotModel, build_model
 
 
@@ -54,6 +57,15 @@ class Trainer:
         """Set up a run; `splits` = (train, val) replaces reading config.dataset from disk."""
         self.config = config
         self.device = resolve_device(config.device)
+        self.dist = init_distributed(self.device)
+        if self.dist.world > 1:
+            if config.episodes_per_batch % self.dist.world:
+                raise FewshotError(
+                    f"--episodes-per-batch {config.episodes_per_batch} must be divisible by the "
+                    f"{self.dist.world} processes"
+                )
+            if self.device.type == "cuda":
+                self.device = torch.device("cuda", self.dist.local_rank)
         self.train_split, self.val_split = splits or (
             load_split(config.dataset, config.train_split, config.data_root),
             load_split(config.dataset, config.val_split, config.data_root),
@@ -67,12 +79,19 @@ class Trainer:
         if config.channels_last:
             self.model.to(memory_format=torch.channels_last)
         self.optimizer = make_optimizer(config, self.model)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.amp == "fp16")
+        # Every rank draws the same full batch and keeps its own share of the episodes, so a
+        # step sees the episodes a single process would (gradients are averaged by DDP).
+        self.forward_model = self.model
+        if self.dist.world > 1:
+            ids = [self.device.index] if self.device.type == "cuda" else None
+            self.forward_model = DistributedDataParallel(self.model, device_ids=ids)
         self.sampler = EpisodeSampler(
             self.train_split.labels, self.shape, config.seed, self.train_split.source
         )
         # Separate streams, so that turning EHG or augmentation on leaves the episodes unchanged.
         self.split_rng = torch.Generator().manual_seed(config.seed + 1)
-        self.augment_rng = torch.Generator().manual_seed(config.seed + 2)
+        self.augment_rng = torch.Generator().manual_seed(config.seed + 2 + self.dist.rank)
         self.augment = self._make_augment()
         self.epoch, self.step, self.best_val = 0, 0, -1.0
         self.run_dir = Path(config.out)
@@ -96,20 +115,27 @@ class Trainer:
         """One optimizer step on a batch of episodes; returns (loss, accuracy)."""
         cfg = self.config
         index = self.sampler.sample()  # [B, way, pool]
+        b, way, _ = index.shape
+        perm = None
+        if cfg.ehg_splits > 1:
+            perm = draw_splits(b, way, cfg.shot, cfg.query, cfg.ehg_splits, self.split_rng)
+        if self.dist.world > 1:
+            share = slice(
+                self.dist.rank * b // self.dist.world, (self.dist.rank + 1) * b // self.dist.world
+            )
+            index = index[share]
+            perm = None if perm is None else perm[:, share]
         images = images_to_device(
             self.train_split, index.flatten(), self.device, self.augment, cfg.channels_last
         )
-        embeddings = self.model.embed(images).view(*index.shape, -1)
-        perm = None
-        if cfg.ehg_splits > 1:
-            b, way, _ = index.shape
-            perm = draw_splits(b, way, cfg.shot, cfg.query, cfg.ehg_splits, self.split_rng)
+        embeddings = self.forward_model(images).view(*index.shape, -1)
         loss, acc = episode_loss(
             embeddings, self.model.head, self.model.scale, cfg.shot, perm, cfg.label_smoothing
         )
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
         return loss.item(), acc.mean().item()
 
     def validate(self) -> tuple[float, float]:
@@ -128,9 +154,10 @@ class Trainer:
     def fit(self) -> Path:
         """Train to the last epoch; save last.pt every epoch (and on Ctrl-C) and best.pt."""
         cfg = self.config
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.json").write_text(json.dumps(self.model_config, indent=2) + "\n")
-        with open(self.run_dir / "metrics.jsonl", "a") as log:
+        if self.dist.is_main:
+            atomic_write_json(self.model_config, self.run_dir / "config.json")
+        log_file = self.run_dir / "metrics.jsonl"
+        with open(log_file, "a") if self.dist.is_main else contextlib.nullcontext() as log:
             try:
                 while self.epoch < cfg.epochs:
                     self._train_epoch(log)
@@ -155,6 +182,7 @@ class Trainer:
             desc=f"epoch {self.epoch + 1}/{cfg.epochs}",
             unit="step",
             leave=False,
+            disable=not self.dist.is_main,
         )
         for _ in bar:
             loss, acc = self.train_step()
@@ -165,9 +193,12 @@ class Trainer:
                 self.save(self.run_dir / "last.pt")
                 raise FewshotError(f"loss became {loss} at epoch {self.epoch + 1}; lower --lr")
             bar.set_postfix(loss=f"{loss:.3f}", acc=f"{100 * acc:.1f}")
+        self.epoch, self.step = self.epoch + 1, 0
+        if not self.dist.is_main:
+            return  # rank 0 alone validates, logs and writes
         val_acc, val_ci = self.validate()
         record = {
-            "epoch": self.epoch + 1,
+            "epoch": self.epoch,
             "lr": self.optimizer.param_groups[0]["lr"],
             "train_loss": sum(losses) / max(1, len(losses)),
             "train_acc": 100 * sum(accs) / max(1, len(accs)),
@@ -181,18 +212,20 @@ class Trainer:
             f"epoch {record['epoch']}: loss {record['train_loss']:.3f} "
             f"train {record['train_acc']:.2f}% val {val_acc:.2f} ± {val_ci:.2f}%"
         )
-        self.epoch, self.step = self.epoch + 1, 0
         if val_acc > self.best_val:
             self.best_val = val_acc
             self.save(self.run_dir / "best.pt")
         self.save(self.run_dir / "last.pt")
 
     def save(self, path: Path) -> None:
-        """Atomically write everything needed to evaluate or resume exactly."""
+        """Atomically write everything needed to evaluate or resume exactly (rank 0 only)."""
+        if not self.dist.is_main:
+            return
         state = {
             "config": self.model_config,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
             "epoch": self.epoch,
             "step": self.step,
             "best_val": self.best_val,
@@ -217,6 +250,7 @@ class Trainer:
             raise FewshotError(f"--resume {path}: the run's settings differ in {', '.join(diff)}")
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.scaler.load_state_dict(ckpt["scaler"])
         self.epoch, self.step, self.best_val = ckpt["epoch"], ckpt["step"], ckpt["best_val"]
         self.sampler.load_state_dict(ckpt["sampler"])
         torch.set_rng_state(ckpt["rng"]["torch"])
@@ -245,13 +279,16 @@ def run_train(args: argparse.Namespace) -> Path:
         "ehg_splits": args.ehg_splits,
         "lr": args.lr,
         "label_smoothing": args.label_smoothing,
+        "amp": args.amp,
         "seed": args.seed,
         "device": args.device,
         "out": args.out,
     }
     config = make_config(args.config, overrides)
-    run_dir = Trainer(config, resume=args.resume).fit()
-    print(f"checkpoints in {run_dir}: best.pt (best validation), last.pt")
+    trainer = Trainer(config, resume=args.resume)
+    run_dir = trainer.fit()
+    if trainer.dist.is_main:
+        print(f"checkpoints in {run_dir}: best.pt (best validation), last.pt")
     return run_dir
 
 
@@ -270,6 +307,7 @@ def add_parser(subparsers) -> None:
     p.add_argument("--ehg-splits", type=int, help="U re-splits per episode (EHG); 1 = plain")
     p.add_argument("--lr", type=float)
     p.add_argument("--label-smoothing", type=float)
+    p.add_argument("--amp", choices=("off", "bf16", "fp16"), help="autocast for the backbone")
     p.add_argument("--seed", type=int)
     p.add_argument("--device", choices=("auto", "cpu", "cuda"))
     p.add_argument("--out", help="run folder for checkpoints and metrics.jsonl")

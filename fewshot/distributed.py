@@ -1,0 +1,37 @@
+"""Multi-process training under torchrun: process group set-up from the environment."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """This process's place in the job: rank, number of processes, local rank."""
+
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 alone logs and writes checkpoints."""
+        return self.rank == 0
+
+
+def init_distributed(device: torch.device) -> Distributed:
+    """Join the torchrun job described by RANK/WORLD_SIZE/LOCAL_RANK (a no-op without them).
+
+    NCCL on GPUs, gloo on CPUs.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return Distributed()
+    info = Distributed(int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return info

@@ -1,0 +1,90 @@
+"""torchrun with 2 CPU processes (gloo) trains exactly like one process averaging the halves."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import torch
+
+from fewshot.config import TrainConfig
+from fewshot.device import images_to_device
+from fewshot.ehg import episode_loss
+from fewshot.io import load_checkpoint
+from fewshot.train import Trainer
+
+ARGS = dict(
+    way=5,
+    shot=1,
+    query=2,
+    epochs=1,
+    episodes_per_epoch=8,
+    episodes_per_batch=4,
+    val_episodes=8,
+    lr=0.05,
+    channels_last=False,
+    device="cpu",
+)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def reference_weights(out) -> dict:
+    """One process: each step averages the gradients of the two halves of the batch, each half
+    embedded on its own (DDP normalises BatchNorm per rank)."""
+    trainer = Trainer(TrainConfig(**ARGS, out=str(out)))
+    model, cfg = trainer.model, trainer.config
+    model.train()
+    for _ in range(trainer.steps_per_epoch):
+        index = trainer.sampler.sample()
+        trainer.optimizer.zero_grad()
+        for half in index.chunk(2):
+            images = images_to_device(trainer.train_split, half.flatten(), trainer.device)
+            emb = model.embed(images).view(*half.shape, -1)
+            loss, _ = episode_loss(emb, model.head, model.scale, cfg.shot)
+            (loss / 2).backward()
+        trainer.optimizer.step()
+    # BatchNorm's running statistics are updated per half here and per rank there: compare weights
+    return {name: p.detach() for name, p in model.named_parameters()}
+
+
+def test_torchrun_two_processes_match_one(tmp_path, tiny_omniglot_root, monkeypatch):
+    monkeypatch.setenv("FEWSHOT_DATA", str(tiny_omniglot_root))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FEWSHOT_DATA": str(tiny_omniglot_root)}
+    out = tmp_path / "ddp"
+    flags = [
+        f"--{k.replace('_', '-')}={v}"
+        for k, v in ARGS.items()
+        if k not in ("channels_last", "val_episodes")
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        f"--master-port={free_port()}",
+        "-m",
+        "fewshot.cli",
+        "train",
+        *flags,
+        f"--out={out}",
+    ]
+    # channels_last and val_episodes are config-only: pass them through a config file
+    config = tmp_path / "c.json"
+    config.write_text('{"channels_last": false, "val_episodes": 8}')
+    subprocess.run(
+        [*cmd, f"--config={config}"], env=env, check=True, timeout=600, capture_output=True
+    )
+    ddp = load_checkpoint(out / "last.pt")["model"]
+    want = reference_weights(tmp_path / "ref")
+    for key, value in want.items():
+        assert torch.allclose(ddp[key], value, rtol=1e-4, atol=1e-6), key
+    # only rank 0 wrote: one line of metrics, one config
+    assert (out / "metrics.jsonl").read_text().count("\n") == 1
