@@ -82,3 +82,25 @@ def test_dropblock_drops_about_the_asked_fraction():
 def test_unknown_backbone_is_a_user_error():
     with pytest.raises(FewshotError, match="conv4, resnet12"):
         build_backbone("vgg", 3, 84)
+
+
+def test_conv4_equals_the_textbook_block_order():
+    # Our blocks pool before the ReLU (cheaper); the result must be conv-BN-ReLU-pool's.
+    torch.manual_seed(0)
+    net = Conv4(3, channels=8, image_size=32).train()
+    reference = torch.nn.Sequential(
+        *(
+            torch.nn.Sequential(block[0], block[1], torch.nn.ReLU(), torch.nn.MaxPool2d(2))
+            for block in net.encoder
+        )
+    )
+    x = torch.randn(4, 3, 32, 32)
+    ours = net(x)
+    ours.square().sum().backward()
+    ours_grad = [p.grad.clone() for p in net.parameters()]
+    net.zero_grad()
+    theirs = reference(x).flatten(1)
+    theirs.square().sum().backward()
+    assert torch.allclose(ours, theirs, atol=1e-6)
+    for g, p in zip(ours_grad, net.parameters(), strict=True):
+        assert torch.allclose(g, p.grad, atol=1e-5)

@@ -7,12 +7,14 @@ from torch import nn
 
 
 def conv_block(in_channels: int, out_channels: int) -> nn.Sequential:
-    """conv3x3 -> BatchNorm -> ReLU -> maxpool 2."""
+    """conv3x3 -> BatchNorm -> ReLU -> maxpool 2 (computed as maxpool then ReLU)."""
+    # ReLU commutes with max-pooling, so pooling first gives identical outputs with the ReLU
+    # (and its backward) on a quarter of the activations.
     return nn.Sequential(
         nn.Conv2d(in_channels, out_channels, 3, padding=1),
         nn.BatchNorm2d(out_channels),
-        nn.ReLU(inplace=True),
         nn.MaxPool2d(2),
+        nn.ReLU(inplace=True),
     )
 
 
