@@ -19,7 +19,9 @@ COMMAND_MODULES = (
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser with every sub-command."""
-    parser = argparse.ArgumentParser(prog="fewshot", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="fewshot", description="Few-shot meta-learning with ensemble hypergradients (EHG)."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in COMMAND_MODULES:
         importlib.import_module(name).add_parser(sub)
