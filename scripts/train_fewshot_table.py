@@ -148,7 +148,9 @@ def commands(run: Run, args: argparse.Namespace) -> list[list[str]]:
     run_dir = Path(args.runs_dir) / run.name
     settings = read_config_file(run.config)
     epochs = args.epochs or settings["epochs"]
-    common = ["--data-root", args.data_root, "--device", args.device]
+    common = ["--device", args.device]
+    if args.data_root:
+        common += ["--data-root", args.data_root]
     out = []
     if args.dry_run or epochs_done(run_dir) < epochs:
         train = ["fewshot", "train", "--config", str(run.config), "--out", str(run_dir), *common]
@@ -205,7 +207,9 @@ def table(runs_dir: Path, episodes: int) -> str:
 def main() -> None:
     """Print or run the selected runs, then write the table of whatever has finished."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data-root", required=True, help="folder with the datasets' folders")
+    parser.add_argument(
+        "--data-root", help="folder with the datasets' folders (default: $FEWSHOT_DATA or data/)"
+    )
     parser.add_argument("--runs-dir", default="runs/paper_table")
     parser.add_argument("--only", action="append", default=[], help="e.g. conv4 or ridge,svm")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
