@@ -123,9 +123,11 @@ _CLASSIFICATION = {
 }
 
 
-def paper_number(model: str, dataset: str, method: str) -> tuple[float | None, float | None]:
+def paper_number(
+    model: str, dataset: str, method: str, high_dim: bool
+) -> tuple[float | None, float | None]:
     """The paper's (test loss, test accuracy) for one cell; None where it has none."""
-    if method in HIGH_DIM_METHODS:
+    if high_dim:
         return _HIGH_DIM[dataset][HIGH_DIM_METHODS.index(method)]
     if model in _REGRESSION:
         return _REGRESSION[model][dataset][METHODS[model].index(method)], None
@@ -201,7 +203,7 @@ def main() -> None:
         runs = [run_cell(model, dataset, method, seed, args) for seed in range(args.seeds)]
         losses = [r["test_loss"] for r in runs]
         accuracies = [r["test_accuracy"] for r in runs if r["test_accuracy"] is not None]
-        paper_loss, paper_acc = paper_number(model, dataset, method)
+        paper_loss, paper_acc = paper_number(model, dataset, method, args.high_dim)
         row = {
             "model": model,
             "dataset": dataset,
