@@ -158,6 +158,8 @@ def commands(run: Run, args: argparse.Namespace) -> list[list[str]]:
             train += ["--ehg-splits", str(EHG_SPLITS)]
         if args.epochs:
             train += ["--epochs", str(args.epochs)]
+        if args.episodes_per_epoch:
+            train += ["--episodes-per-epoch", str(args.episodes_per_epoch)]
         if not args.dry_run and (run_dir / "last.pt").is_file():
             train += ["--resume", str(run_dir / "last.pt")]
         out.append(train)
@@ -216,6 +218,7 @@ def main() -> None:
     parser.add_argument("--episodes", type=int, default=2000, help="test episodes per run")
     parser.add_argument("--seed", type=int, default=0, help="seed of the test episodes")
     parser.add_argument("--epochs", type=int, help="override the configs' 100 (for a trial)")
+    parser.add_argument("--episodes-per-epoch", type=int, help="override the configs' 1000")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--table", help="Markdown output (default: RUNS_DIR/table.md)")
     args = parser.parse_args()
