@@ -22,14 +22,17 @@ Everything is measured side by side in one process, on the same device:
 from __future__ import annotations
 
 import argparse
+import copy
 import platform
 import resource
+import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import torch
-from bench_ehg import sync, timed
+from bench_ehg import sync
 
 from fewshot.backbones import build_backbone
 from fewshot.config import TrainConfig
@@ -42,6 +45,7 @@ from fewshot.model import build_model
 from fewshot.train import Trainer
 
 WAY, SHOT, QUERY, EPISODES_PER_STEP = 5, 1, 15, 2
+T = TypeVar("T")
 
 
 def random_split(classes: int, per_class: int, size: int) -> ImageSplit:
@@ -80,7 +84,7 @@ def peak_memory(device: torch.device) -> str:
     return f"peak RSS so far {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**10:.0f} MiB"
 
 
-def once(fn: Callable[[], torch.Tensor], device: torch.device) -> tuple[float, torch.Tensor]:
+def once(fn: Callable[[], T], device: torch.device) -> tuple[float, T]:
     """Seconds of one call of `fn`, synchronised, and its result."""
     sync(device)
     start = time.perf_counter()
@@ -99,9 +103,10 @@ def bench_eval(
     shape = EpisodeShape(way, SHOT, QUERY, args.eval_batch)
     reset_peak(device)
 
-    def run(cache: bool) -> torch.Tensor:
-        return episode_accuracies(model, split, shape, args.episodes, 0, device, cache=cache)
+    def run(cache: bool, episodes: int = args.episodes) -> torch.Tensor:
+        return episode_accuracies(model, split, shape, episodes, 0, device, cache=cache)
 
+    run(False, args.eval_batch)  # warm-up (CUDA context, allocator), not timed
     cached_s, cached = once(lambda: run(True), device)
     episode_s, per_episode = once(lambda: run(False), device)
     same = "identical" if torch.equal(cached, per_episode) else "DIFFERENT"
@@ -123,6 +128,20 @@ def bare_step(backbone: torch.nn.Module, images: torch.Tensor) -> Callable[[], N
     return step
 
 
+def interleaved(
+    fns: dict[str, Callable[[], object]], repeats: int, device: torch.device
+) -> dict[str, float]:
+    """Median seconds of each function, timed in turns (one warm-up each), so that a change in
+    the machine's load falls on all of them alike."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            times[name].append(once(fn, device)[0])
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
 def bench_train(backbone: str, heads: list[str], args, device: torch.device) -> None:
     """(b): bare forward+backward in both memory formats vs Trainer.train_step per head."""
     split = random_split(20, 40, 84)
@@ -131,16 +150,13 @@ def bench_train(backbone: str, heads: list[str], args, device: torch.device) -> 
     torch.manual_seed(0)
     net = build_backbone(backbone, 3, 84).to(device).train()
     images = torch.randn(n, 3, 84, 84, generator=torch.Generator().manual_seed(0)).to(device)
-    default_s = timed(bare_step(net, images), args.repeats, device)
-    net = net.to(memory_format=torch.channels_last)
-    last = images.contiguous(memory_format=torch.channels_last)
-    channels_last_s = timed(bare_step(net, last), args.repeats, device)
-    print(
-        f"{backbone:9} {'bare fwd+bwd':22} {default_s:8.3f} {1.0:7.2f}x\n"
-        f"{backbone:9} {'bare, channels_last':22} {channels_last_s:8.3f} "
-        f"{channels_last_s / default_s:7.2f}x",
-        flush=True,
-    )
+    net_last = copy.deepcopy(net).to(memory_format=torch.channels_last)
+    fns = {
+        "bare fwd+bwd": bare_step(net, images),
+        "bare, channels_last": bare_step(
+            net_last, images.contiguous(memory_format=torch.channels_last)
+        ),
+    }
     for head in heads:
         config = TrainConfig(
             dataset="synthetic",
@@ -153,12 +169,11 @@ def bench_train(backbone: str, heads: list[str], args, device: torch.device) -> 
             augment=args.augment,
             device=device.type,
         )
-        trainer = Trainer(config, splits=(split, split))
-        step_s = timed(trainer.train_step, args.repeats, device)
-        print(
-            f"{backbone:9} {'train_step ' + head:22} {step_s:8.3f} {step_s / default_s:7.2f}x",
-            flush=True,
-        )
+        fns[f"train_step {head}"] = Trainer(config, splits=(split, split)).train_step
+    seconds = interleaved(fns, args.repeats, device)
+    base = seconds["bare fwd+bwd"]
+    for name, value in seconds.items():
+        print(f"{backbone:9} {name:22} {value:8.3f} {value / base:7.2f}x", flush=True)
     print(f"{'':9} {peak_memory(device)}", flush=True)
 
 
@@ -187,7 +202,7 @@ def main() -> None:
     parser.add_argument("--eval-batch", type=int, default=8, help="episodes per eval batch")
     parser.add_argument("--backbones", default="conv4", help="e.g. conv4,resnet12")
     parser.add_argument("--heads", default="protonet", help="train-step heads: protonet,ridge,svm")
-    parser.add_argument("--repeats", type=int, default=5, help="timed training steps (median)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds of (b) (median)")
     parser.add_argument("--no-eval", action="store_true", help="skip (a), the evaluation")
     parser.add_argument("--no-omniglot", action="store_true", help="skip the Omniglot episodes")
     parser.add_argument("--no-augment", dest="augment", action="store_false")
@@ -205,7 +220,7 @@ def main() -> None:
     print(
         f"\n(b) training step: {EPISODES_PER_STEP} episodes of {WAY}-way {SHOT}-shot {QUERY}-query "
         f"at 84x84 ({EPISODES_PER_STEP * WAY * (SHOT + QUERY)} images), train_step {augmented} "
-        f"augmentation; median of {args.repeats}"
+        f"augmentation; median of {args.repeats} rounds timed in turns"
     )
     print(f"{'backbone':9} {'what':22} {'seconds':>8} {'vs bare':>8}")
     for backbone in backbones:
