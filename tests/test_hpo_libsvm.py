@@ -39,8 +39,16 @@ def test_observed_set_is_the_file_head_or_a_seeded_subset():
     assert np.array_equal(a.x_observed, b.x_observed)
     c = load_dataset("heart", seed=2, shuffle=True)
     assert not np.array_equal(a.x_observed, c.x_observed)
-    rows = {tuple(r) for r in a.x_observed}
-    assert not rows & {tuple(r) for r in a.x_test}
+
+
+def test_regression_sets_default_to_a_seeded_random_observed_set():
+    x, _ = read_libsvm(find_file("regression", "abalone_scale", None))
+    default = load_dataset("abalone", seed=3)
+    assert np.array_equal(default.x_observed, load_dataset("abalone", 3, shuffle=True).x_observed)
+    assert not np.array_equal(default.x_observed, x[:835])
+    assert np.array_equal(load_dataset("abalone", 3, shuffle=False).x_observed, x[:835])
+    rows = {tuple(r) for r in default.x_observed}
+    assert not rows & {tuple(r) for r in default.x_test}
 
 
 def test_heart_first_row_matches_the_text_file():

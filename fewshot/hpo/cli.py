@@ -65,9 +65,10 @@ def _add_regularization(hpo_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--inner-lr", type=float, default=None, help="default: 1/L of the data loss")
     p.add_argument("--init-lam", type=float, default=defaults.init_lam)
     p.add_argument(
-        "--shuffle-holdout",
-        action="store_true",
-        help="sets without a test file: observed set = seeded random subset (default: file head)",
+        "--holdout",
+        choices=("default", "head", "random"),
+        default="default",
+        help="sets without a test file: observed set = file head or seeded random subset",
     )
     p.set_defaults(func=_run_regularization)
 
@@ -107,8 +108,10 @@ def _run_regularization(args: argparse.Namespace) -> None:
         outer_lr=args.outer_lr,
         inner_lr=args.inner_lr,
         init_lam=args.init_lam,
+        holdout=args.holdout,
     )
-    data = load_dataset(args.dataset, args.seed, args.data_root, settings.shuffle_holdout)
+    shuffle = {"default": None, "head": False, "random": True}[args.holdout]
+    data = load_dataset(args.dataset, args.seed, args.data_root, shuffle)
     with tqdm(
         total=settings.outer_steps,
         desc=f"{args.dataset} {args.model} {args.method}",

@@ -55,7 +55,9 @@ class Settings:
     inner_lr: float | None = None  # default 1 / (smoothness bound of the data loss)
     init_lam: float = 0.01
     eval_points: int = 50  # test-loss curve resolution
-    shuffle_holdout: bool = False  # observed set: file head (paper's fixed split) or seeded subset
+    holdout: str = (
+        "default"  # observed set of single-file sets: "head", "random" or per-set default
+    )
 
     def split_count(self) -> int:
         """U, resolving the per-method default."""
