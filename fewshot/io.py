@@ -33,6 +33,11 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     _atomic_replace(Path(path), lambda f: torch.save(obj, f))
 
 
+def atomic_write_text(text: str, path: str | os.PathLike) -> None:
+    """Write a text file atomically."""
+    _atomic_replace(Path(path), lambda f: f.write(text.encode()))
+
+
 def atomic_write_json(obj: Any, path: str | os.PathLike) -> None:
     """Write `obj` as indented JSON atomically."""
     data = (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()

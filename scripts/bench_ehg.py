@@ -26,10 +26,11 @@ from fewshot.train import Trainer
 def synthetic_split(classes: int, per_class: int, size: int) -> ImageSplit:
     """Random uint8 RGB images, `per_class` for each of `classes` classes."""
     gen = torch.Generator().manual_seed(0)
-    images = torch.randint(0, 256, (classes * per_class, 3, size, size), generator=gen)
+    shape = (classes * per_class, 3, size, size)
+    images = torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8)
     labels = torch.arange(classes).repeat_interleave(per_class)
     return ImageSplit(
-        images.to(torch.uint8),
+        images,
         labels,
         [str(c) for c in range(classes)],
         (0.5,) * 3,

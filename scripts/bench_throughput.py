@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TypeVar
 
 import torch
-from bench_ehg import sync
+from bench_ehg import sync, synthetic_split
 
 from fewshot.backbones import build_backbone
 from fewshot.config import TrainConfig
@@ -46,17 +46,6 @@ from fewshot.train import Trainer
 
 WAY, SHOT, QUERY, EPISODES_PER_STEP = 5, 1, 15, 2
 T = TypeVar("T")
-
-
-def random_split(classes: int, per_class: int, size: int) -> ImageSplit:
-    """Random RGB uint8 images (drawn as uint8: no int64 copy of a 250 MB set)."""
-    gen = torch.Generator().manual_seed(0)
-    images = torch.randint(
-        0, 256, (classes * per_class, 3, size, size), generator=gen, dtype=torch.uint8
-    )
-    labels = torch.arange(classes).repeat_interleave(per_class)
-    names = [str(c) for c in range(classes)]
-    return ImageSplit(images, labels, names, (0.5,) * 3, (0.25,) * 3, "synthetic")
 
 
 def device_name(device: torch.device) -> str:
@@ -144,7 +133,7 @@ def interleaved(
 
 def bench_train(backbone: str, heads: list[str], args, device: torch.device) -> None:
     """(b): bare forward+backward in both memory formats vs Trainer.train_step per head."""
-    split = random_split(20, 40, 84)
+    split = synthetic_split(20, 40, 84)
     n = EPISODES_PER_STEP * WAY * (SHOT + QUERY)
     reset_peak(device)
     torch.manual_seed(0)
@@ -184,7 +173,7 @@ def print_eval(backbones: list[str], args, device: torch.device) -> None:
         f"{'episodes':34} {'backbone':9} {'ep/s':>9} {'cached':>9} {'speedup':>8} {'ceiling':>8}"
         "   (ep/s: per-episode embedding; cached: ep/s with the cache)"
     )
-    synthetic = random_split(20, 600, 84)
+    synthetic = synthetic_split(20, 600, 84)
     for backbone in backbones:
         label = f"synthetic 84x84 20x600, {WAY}-way {SHOT}-shot"
         bench_eval(label, backbone, synthetic, WAY, args, device)

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from fewshot.config import read_config_file
 from fewshot.errors import FewshotError
-from fewshot.io import _atomic_replace
+from fewshot.io import atomic_write_text
 
 REPO = Path(__file__).resolve().parents[1]
 EHG_SPLITS = 5
@@ -235,8 +235,8 @@ def main() -> None:
                 subprocess.run(invocation, check=True)
     if not args.dry_run:
         out = Path(args.table or Path(args.runs_dir) / "table.md")
-        text = table(Path(args.runs_dir), args.episodes).encode()
-        _atomic_replace(out, lambda f: f.write(text))
+        text = table(Path(args.runs_dir), args.episodes)
+        atomic_write_text(text, out)
         print(f"table written to {out}")
 
 
