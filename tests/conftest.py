@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from fewshot.datasets import load_split
+from fewshot.datasets import REPO_DATA, load_split
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
@@ -15,20 +15,18 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 @pytest.fixture(scope="session")
 def omniglot_test():
     """The Vinyals test split of the shipped Omniglot (1692 classes)."""
-    return load_split("omniglot", "test")
+    return load_split("omniglot", "test", REPO_DATA)
 
 
 @pytest.fixture(scope="session")
 def omniglot_val():
     """The Vinyals validation split of the shipped Omniglot (688 classes)."""
-    return load_split("omniglot", "val")
+    return load_split("omniglot", "val", REPO_DATA)
 
 
 @pytest.fixture(scope="session")
 def tiny_omniglot_root(tmp_path_factory):
     """A data root with the real Omniglot files but split lists cut to 24 classes each."""
-    from fewshot.datasets import REPO_DATA
-
     root = tmp_path_factory.mktemp("data")
     folder = root / "omniglot"
     (folder / "splits" / "vinyals").mkdir(parents=True)

@@ -19,9 +19,6 @@ def tiny_data(tiny_omniglot_root, monkeypatch):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_omniglot_root):
     """A checkpoint from a few-step `fewshot train` run."""
-    import os
-
-    os.environ["FEWSHOT_DATA"] = str(tiny_omniglot_root)
     out = tmp_path_factory.mktemp("run")
     args = [
         "train",
@@ -41,6 +38,8 @@ def trained(tmp_path_factory, tiny_omniglot_root):
         "cpu",
         "--out",
         str(out),
+        "--data-root",
+        str(tiny_omniglot_root),
     ]
     assert main(args) == 0
     return out

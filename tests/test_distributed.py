@@ -84,7 +84,9 @@ def test_torchrun_two_processes_match_one(tmp_path, tiny_omniglot_root, monkeypa
     )
     ddp = load_checkpoint(out / "last.pt")["model"]
     want = reference_weights(tmp_path / "ref")
+    # Summation orders differ, and a conv bias before BatchNorm has a gradient of pure rounding
+    # noise; a rank that skipped the all-reduce would be off by ~lr * gradient = 1e-2.
     for key, value in want.items():
-        assert torch.allclose(ddp[key], value, rtol=1e-4, atol=1e-6), key
+        assert torch.allclose(ddp[key], value, rtol=1e-3, atol=2e-4), key
     # only rank 0 wrote: one line of metrics, one config
     assert (out / "metrics.jsonl").read_text().count("\n") == 1

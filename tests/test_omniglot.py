@@ -46,9 +46,9 @@ def test_pixels_come_from_the_npz(omniglot_test):
 
 
 def test_train_and_val_sizes():
-    train = load_split("omniglot", "train")
+    train = load_split("omniglot", "train", REPO_DATA)
     assert train.num_classes == 4112
-    assert not set(train.class_names) & set(load_split("omniglot", "test").class_names)
+    assert not set(train.class_names) & set(load_split("omniglot", "test", REPO_DATA).class_names)
 
 
 def test_missing_and_corrupt_files(tmp_path):
