@@ -6,9 +6,9 @@ import argparse
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
+from fewshot.device import resolve_device
 from fewshot.errors import FewshotError
 from fewshot.io import atomic_write_json
 
@@ -68,15 +68,6 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
 
 
-def _device(name: str) -> str:
-    """'auto' -> cuda when present, else cpu; asking for absent CUDA is a user error."""
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name == "cuda" and not torch.cuda.is_available():
-        raise FewshotError("--device cuda: no CUDA device is available; use --device cpu")
-    return name
-
-
 def _check_positive(args: argparse.Namespace, *flags: str) -> None:
     for flag in flags:
         value = getattr(args, flag)
@@ -124,7 +115,7 @@ def _run_cleaning(args: argparse.Namespace) -> None:
         threshold=args.threshold,
         extra_val=args.extra_val,
         retrain_steps=args.retrain_steps,
-        device=_device(args.device),
+        device=resolve_device(args.device).type,
     )
     settings.check()
     data = draw_cleaning_data(
@@ -167,7 +158,7 @@ def _run_image_regularization(args: argparse.Namespace) -> None:
         inner_lr=args.inner_lr,
         outer_lr=args.outer_lr,
         batch=args.batch,
-        device=_device(args.device),
+        device=resolve_device(args.device).type,
     )
     settings.check()
     data = draw_observed_data(args.dataset, args.seed, args.data_root)
