@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -56,7 +57,7 @@ def embed_split(
         images = images_to_device(
             split, torch.arange(start, min(start + batch_size, len(split.labels))), device
         )
-        chunks.append(model.embed(images).float())
+        chunks.append(model.embed(images))
     return torch.cat(chunks)
 
 
@@ -80,6 +81,8 @@ def episode_accuracies(
     model.eval()
     sampler = EpisodeSampler(split.labels, shape, seed, source=split.source)
     features = embed_split(model, split, device) if cache else None
+    # Evaluation-time head options, e.g. fewer SVM iterations.
+    head = functools.partial(model.head, **(head_options or {}))
     accuracies = []
     batches = math.ceil(episodes / shape.episodes_per_batch)
     for _ in tqdm(range(batches), desc="eval", unit="batch", disable=not progress, leave=False):
@@ -87,17 +90,11 @@ def episode_accuracies(
         if features is not None:
             emb = features[index.to(device)]
         else:
-            emb = model.embed(images_to_device(split, index.flatten(), device)).float()
+            emb = model.embed(images_to_device(split, index.flatten(), device))
             emb = emb.view(*index.shape, -1)
-        head = _head_with(model, head_options)
         _, acc = episode_loss(emb, head, model.scale, shape.shot)
         accuracies.append(acc.cpu())
     return torch.cat(accuracies)[:episodes]
-
-
-def _head_with(model: FewShotModel, options: dict | None):
-    """The model's head with evaluation-time options (e.g. fewer SVM iterations)."""
-    return lambda q, s, y, way, shot: model.head(q, s, y, way, shot, **(options or {}))
 
 
 def evaluate(
