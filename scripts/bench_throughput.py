@@ -173,11 +173,12 @@ def print_eval(backbones: list[str], args, device: torch.device) -> None:
         f"{'episodes':34} {'backbone':9} {'ep/s':>9} {'cached':>9} {'speedup':>8} {'ceiling':>8}"
         "   (ep/s: per-episode embedding; cached: ep/s with the cache)"
     )
-    synthetic = synthetic_split(20, 600, 84)
-    for backbone in backbones:
-        label = f"synthetic 84x84 20x600, {WAY}-way {SHOT}-shot"
-        bench_eval(label, backbone, synthetic, WAY, args, device)
-    del synthetic
+    if not args.no_synthetic:
+        synthetic = synthetic_split(20, 600, 84)
+        for backbone in backbones:
+            label = f"synthetic 84x84 20x600, {WAY}-way {SHOT}-shot"
+            bench_eval(label, backbone, synthetic, WAY, args, device)
+        del synthetic
     if not args.no_omniglot:
         omniglot = load_split("omniglot", "test", args.data_root)
         label = f"Omniglot test {omniglot.num_classes} cl., 20-way {SHOT}-shot"
@@ -194,6 +195,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds of (b) (median)")
     parser.add_argument("--no-eval", action="store_true", help="skip (a), the evaluation")
     parser.add_argument("--no-omniglot", action="store_true", help="skip the Omniglot episodes")
+    parser.add_argument("--no-synthetic", action="store_true", help="skip the 84x84 episodes")
     parser.add_argument("--no-augment", dest="augment", action="store_false")
     parser.add_argument("--data-root", help="for Omniglot (default: $FEWSHOT_DATA or data/)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
