@@ -4,7 +4,7 @@ Every run gets the same budget (steps, episodes, seed); each checkpoint selected
 validation is evaluated on the same seeded test episodes (5-way and 20-way 1-shot). Writes a
 Markdown table and JSON to --out.
 
-    python scripts/omniglot_ehg_experiment.py --out models/omniglot/ehg_experiment
+    python scripts/omniglot_ehg_experiment.py --out models/omniglot/results/ehg_experiment
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def main() -> None:
     parser.add_argument("--test-episodes", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runs", default="runs/omniglot_ehg", help="folder for checkpoints")
-    parser.add_argument("--out", default="models/omniglot/ehg_experiment")
+    parser.add_argument("--out", default="models/omniglot/results/ehg_experiment")
     args = parser.parse_args()
 
     test = load_split("omniglot", "test")
