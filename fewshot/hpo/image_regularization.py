@@ -30,10 +30,10 @@ from fewshot.hpo.images import (
     init_classifier,
     load_image_dataset,
 )
+from fewshot.hpo.trees import Theta
 
 DATASETS = ("mnist", "fashion-mnist", "cifar10")
 METHODS = ("rhg", "trhg", "oehg")
-Theta = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)

@@ -29,11 +29,11 @@ from fewshot.errors import FewshotError
 from fewshot.hpo.ensemble import StepCallback, make_splits, oehg, optimize_offline
 from fewshot.hpo.hypergrad import Bilevel, aid_cg, aid_fp, rhg, trhg
 from fewshot.hpo.libsvm import TabularData
+from fewshot.hpo.trees import Theta
 
 MODELS = ("lasso", "ridge", "logistic", "svm")
 METHODS = ("rhg", "trhg", "aid-fp", "aid-cg", "oehg")
 Data = tuple[torch.Tensor, torch.Tensor]
-Theta = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map
 
 Tree = Any  # a tensor or a nested container of tensors
+Theta = dict[str, torch.Tensor]  # named parameters, the pytree the HPO tasks use
 
 
 def tree_add(a: Tree, b: Tree, scale: float | torch.Tensor = 1.0) -> Tree:
