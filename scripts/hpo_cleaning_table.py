@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 
 from fewshot.cli import main as fewshot_main
-from fewshot.io import atomic_write_json
+from fewshot.io import atomic_write_json, atomic_write_text
 
 METHOD_NAMES = {"rhg": "RHG", "trhg": "T-RHG", "oehg": "OEHG"}
 # Paper Table (data hyper-cleaning): (test accuracy, F1) per method and model; None = not given.
@@ -132,8 +132,7 @@ def main() -> None:
             lines.append(f"| {METHOD_NAMES[method]}-Weight Tr | " + " | ".join(cells) + " |")
         lines.append("")
     text = "\n".join(lines)
-    (out / "cleaning_table.md").parent.mkdir(parents=True, exist_ok=True)
-    (out / "cleaning_table.md").write_text(text + "\n")
+    atomic_write_text(text + "\n", out / "cleaning_table.md")
     atomic_write_json(table, out / "cleaning_table.json")
     print(text)
 

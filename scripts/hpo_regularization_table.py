@@ -27,7 +27,7 @@ import numpy as np
 
 from fewshot.hpo.libsvm import load_dataset
 from fewshot.hpo.regularization import Settings, run
-from fewshot.io import atomic_write_json
+from fewshot.io import atomic_write_json, atomic_write_text
 
 REGRESSION_SETS = ("abalone", "bodyfat", "mg", "pyrim", "space_ga", "triazines")
 CLASSIFICATION_SETS = (
@@ -179,10 +179,12 @@ def main() -> None:
     parser.add_argument("--inner-steps", type=int, default=128, help="K for RHG/T-RHG/AID")
     parser.add_argument("--models", default="lasso,ridge,logistic,svm")
     parser.add_argument("--datasets", default=None, help="comma list (default: every set)")
+    parser.add_argument("--methods", default=None, help="comma list (default: every method)")
     parser.add_argument("--high-dim", action="store_true", help="per-parameter SVM (Table 7-4)")
     args = parser.parse_args()
 
     wanted = None if args.datasets is None else set(args.datasets.split(","))
+    methods = None if args.methods is None else set(args.methods.split(","))
     cells = []
     if args.high_dim:
         args.models = "svm"
@@ -190,13 +192,15 @@ def main() -> None:
             ("svm", d, m)
             for d in HIGH_DIM_SETS
             for m in HIGH_DIM_METHODS
-            if wanted is None or d in wanted
+            if (wanted is None or d in wanted) and (methods is None or m in methods)
         ]
     for model in [] if args.high_dim else args.models.split(","):
         sets = REGRESSION_SETS if model in _REGRESSION else CLASSIFICATION_SETS
         for dataset in sets:
             if wanted is None or dataset in wanted:
-                cells += [(model, dataset, method) for method in METHODS[model]]
+                cells += [
+                    (model, dataset, m) for m in METHODS[model] if methods is None or m in methods
+                ]
     rows = []
     for model, dataset, method in cells:
         start = time.perf_counter()
@@ -226,7 +230,7 @@ def main() -> None:
         )
     out = Path(args.out)
     atomic_write_json({"settings": vars(args), "rows": rows}, out / "table.json")
-    (out / "table.md").write_text(markdown(rows, args))
+    atomic_write_text(markdown(rows, args), out / "table.md")
     print(f"wrote {out / 'table.md'}")
 
 
