@@ -93,8 +93,8 @@ def episode_accuracies(
             emb = model.embed(images_to_device(split, index.flatten(), device))
             emb = emb.view(*index.shape, -1)
         _, acc = episode_loss(emb, head, model.scale, shape.shot)
-        accuracies.append(acc.cpu())
-    return torch.cat(accuracies)[:episodes]
+        accuracies.append(acc)  # stays on the device: no synchronisation per batch
+    return torch.cat(accuracies)[:episodes].cpu()
 
 
 def evaluate(
