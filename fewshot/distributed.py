@@ -35,3 +35,12 @@ def init_distributed(device: torch.device) -> Distributed:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return info
+
+
+def gather_objects(obj: object, info: Distributed) -> list | None:
+    """Every rank's `obj` in rank order, on every rank (None in a single process)."""
+    if info.world == 1:
+        return None
+    objects: list = [None] * info.world
+    dist.all_gather_object(objects, obj)
+    return objects

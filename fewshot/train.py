@@ -19,7 +19,7 @@ from fewshot.datasets.augment import TrainAugment
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeSampler, EpisodeShape
 from fewshot.device import images_to_device, resolve_device
-from fewshot.distributed import init_distributed
+from fewshot.distributed import gather_objects, init_distributed
 from fewshot.ehg import check_splits, draw_splits, episode_loss
 from fewshot.errors import FewshotError
 from fewshot.evaluate import evaluate
@@ -66,6 +66,7 @@ class Trainer:
                 )
             if self.device.type == "cuda":
                 self.device = torch.device("cuda", self.dist.local_rank)
+                torch.cuda.set_device(self.device)  # NCCL collectives use the current device
         self.train_split, self.val_split = splits or (
             load_split(config.dataset, config.train_split, config.data_root),
             load_split(config.dataset, config.val_split, config.data_root),
@@ -94,6 +95,7 @@ class Trainer:
         self.augment_rng = torch.Generator().manual_seed(config.seed + 2 + self.dist.rank)
         self.augment = self._make_augment()
         self.epoch, self.step, self.best_val = 0, 0, -1.0
+        self.rank_rngs: list[dict] | None = None  # every rank's streams at the last epoch end
         self.run_dir = Path(config.out)
         if resume:
             self._restore(load_checkpoint(resume, self.device), resume)
@@ -194,6 +196,8 @@ class Trainer:
                 raise FewshotError(f"loss became {loss} at epoch {self.epoch + 1}; lower --lr")
             bar.set_postfix(loss=f"{loss:.3f}", acc=f"{100 * acc:.1f}")
         self.epoch, self.step = self.epoch + 1, 0
+        # Augmentation and torch streams differ per rank: collect them for an exact resume.
+        self.rank_rngs = gather_objects(self._rng_state(), self.dist)
         if not self.dist.is_main:
             return  # rank 0 alone validates, logs and writes
         val_acc, val_ci = self.validate()
@@ -230,14 +234,20 @@ class Trainer:
             "step": self.step,
             "best_val": self.best_val,
             "sampler": self.sampler.state_dict(),
-            "rng": {
-                "torch": torch.get_rng_state(),
-                "split": self.split_rng.get_state(),
-                "augment": self.augment_rng.get_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            },
+            "rng": self._rng_state(),
         }
+        if self.rank_rngs is not None and self.step == 0:  # gathered at this epoch's end
+            state["rank_rngs"] = self.rank_rngs
         atomic_torch_save(state, path)
+
+    def _rng_state(self) -> dict:
+        """This process's random streams."""
+        return {
+            "torch": torch.get_rng_state(),
+            "split": self.split_rng.get_state(),
+            "augment": self.augment_rng.get_state(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+        }
 
     def _restore(self, ckpt: dict, path: str) -> None:
         """Continue a run from `path` where it stopped."""
@@ -253,11 +263,16 @@ class Trainer:
         self.scaler.load_state_dict(ckpt["scaler"])
         self.epoch, self.step, self.best_val = ckpt["epoch"], ckpt["step"], ckpt["best_val"]
         self.sampler.load_state_dict(ckpt["sampler"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        self.split_rng.set_state(ckpt["rng"]["split"])
-        self.augment_rng.set_state(ckpt["rng"]["augment"])
-        if ckpt["rng"]["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(ckpt["rng"]["cuda"])
+        # Each rank takes its own streams when the checkpoint has them (saved at an epoch's end
+        # by as many processes); otherwise (Ctrl-C, another process count) rank 0's.
+        rank_rngs = ckpt.get("rank_rngs")
+        same_world = rank_rngs is not None and len(rank_rngs) == self.dist.world
+        rng = rank_rngs[self.dist.rank] if same_world else ckpt["rng"]
+        torch.set_rng_state(rng["torch"])
+        self.split_rng.set_state(rng["split"])
+        self.augment_rng.set_state(rng["augment"])
+        if rng["cuda"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
 
 
 def run_train(args: argparse.Namespace) -> Path:

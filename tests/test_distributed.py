@@ -90,3 +90,23 @@ def test_torchrun_two_processes_match_one(tmp_path, tiny_omniglot_root, monkeypa
         assert torch.allclose(ddp[key], value, rtol=1e-3, atol=2e-4), key
     # only rank 0 wrote: one line of metrics, one config
     assert (out / "metrics.jsonl").read_text().count("\n") == 1
+
+    # Each rank's random streams are saved and each rank resumes its own: augmentation is off, so
+    # rank r's augmentation generator must still be in its seeded state after a resumed epoch.
+    def fresh(rank: int) -> torch.Tensor:
+        seed = TrainConfig().seed + 2 + rank
+        return torch.Generator().manual_seed(seed).get_state()
+
+    for rank, rng in enumerate(load_checkpoint(out / "last.pt")["rank_rngs"]):
+        assert torch.equal(rng["augment"], fresh(rank))
+    resume = [arg for arg in cmd if not arg.startswith("--epochs=")]
+    subprocess.run(
+        [*resume, "--epochs=2", f"--resume={out / 'last.pt'}", f"--config={config}"],
+        env=env,
+        check=True,
+        timeout=600,
+        capture_output=True,
+    )
+    resumed = load_checkpoint(out / "last.pt")
+    assert resumed["epoch"] == 2
+    assert [torch.equal(r["augment"], fresh(1)) for r in resumed["rank_rngs"]] == [False, True]
