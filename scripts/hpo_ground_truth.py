@@ -1,11 +1,13 @@
-"""Lasso lambda paths of AID-FP(+EHG) for several U against the cvxpy ground truth (paper Fig. 7-3).
+"""Lambda paths of AID-FP / RHG (+EHG) for several U against the cvxpy ground truth (Fig. 7-3).
 
-For each U, AID-FP (K inner steps, Z fixed-point steps) drives Adam on log lam with the ensemble
-hypergradient over U seeded splits; the ground truth drives Adam with the exact hypergradient
-(cvxpy inner solutions) averaged over the same U splits. Repeating over seeds shows the spread of
-the estimated paths. Writes OUT/ground_truth.json and OUT/ground_truth.png and prints final lambdas.
+For each U, the estimator (lasso: AID-FP with K inner and Z fixed-point steps; SVM: RHG with K
+inner steps) drives Adam on log lam with the ensemble hypergradient over U seeded splits; the
+ground truth drives Adam with the exact hypergradient (cvxpy inner solutions) averaged over the
+same U splits. Repeating over seeds shows the spread of the estimated paths. Writes
+OUT/ground_truth.json and OUT/ground_truth.png and prints final lambdas.
 
     OMP_NUM_THREADS=1 python scripts/hpo_ground_truth.py --dataset triazines --splits 1,16
+    OMP_NUM_THREADS=1 python scripts/hpo_ground_truth.py --model svm --dataset heart --splits 1,16
 """
 
 from __future__ import annotations
@@ -19,24 +21,29 @@ import numpy as np
 import torch
 
 from fewshot.hpo.ensemble import make_splits, optimize_offline
-from fewshot.hpo.ground_truth import ground_truth_path
-from fewshot.hpo.hypergrad import aid_fp
+from fewshot.hpo.ground_truth import ground_truth_path, lasso_hypergradient, svm_hypergradient
+from fewshot.hpo.hypergrad import aid_fp, rhg
 from fewshot.hpo.libsvm import load_dataset
 from fewshot.hpo.regularization import default_inner_lr, make_problem
 from fewshot.io import atomic_write_json
 
+ESTIMATOR_NAMES = {"lasso": "AID-FP", "svm": "RHG"}
+
 
 def estimated_path(data, splits, args) -> list[float]:
-    """lam after each outer step of AID-FP + EHG over `splits`."""
+    """lam after each outer step of the model's estimator + EHG over `splits`."""
     x, y = torch.from_numpy(data.x_observed), torch.from_numpy(data.y_observed)
     split_data = [((x[s.train], y[s.train]), (x[s.val], y[s.val])) for s in splits]
-    problem = make_problem("lasso", default_inner_lr("lasso", data.x_observed))
+    problem = make_problem(args.model, default_inner_lr(args.model, data.x_observed))
     theta0 = {
         "w": torch.zeros(x.shape[1], dtype=torch.float64),
         "b": torch.zeros((), dtype=torch.float64),
     }
     path: list[float] = []
-    estimator = partial(aid_fp, steps=args.inner_steps, solver_steps=args.solver_steps)
+    if args.model == "lasso":
+        estimator = partial(aid_fp, steps=args.inner_steps, solver_steps=args.solver_steps)
+    else:
+        estimator = partial(rhg, steps=args.inner_steps)
     optimize_offline(
         estimator,
         problem,
@@ -54,6 +61,7 @@ def estimated_path(data, splits, args) -> list[float]:
 def main() -> None:
     """Run the estimated and exact paths and save them."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="lasso", choices=("lasso", "svm"))
     parser.add_argument("--dataset", default="triazines")
     parser.add_argument("--splits", default="1,16")
     parser.add_argument("--seeds", type=int, default=3)
@@ -66,6 +74,7 @@ def main() -> None:
     parser.add_argument("--out", default="runs/hpo_ground_truth")
     args = parser.parse_args()
 
+    name = ESTIMATOR_NAMES[args.model]
     data = load_dataset(args.dataset, seed=0)
     x, y = data.x_observed, data.y_observed
     results = []
@@ -77,35 +86,36 @@ def main() -> None:
                 args.init_lam,
                 args.outer_steps,
                 args.outer_lr,
+                lasso_hypergradient if args.model == "lasso" else svm_hypergradient,
             )
             estimate = estimated_path(data, splits, args)
             results.append(
-                {"splits": count, "seed": seed, "aid_fp": estimate, "ground_truth": exact}
+                {"splits": count, "seed": seed, "estimate": estimate, "ground_truth": exact}
             )
             gap = abs(math.log(estimate[-1] / exact[-1]))
             print(
-                f"U={count:3d} seed={seed}: final lambda AID-FP {estimate[-1]:.4g}, "
+                f"U={count:3d} seed={seed}: final lambda {name} {estimate[-1]:.4g}, "
                 f"ground truth {exact[-1]:.4g}, |log ratio| {gap:.3f}",
                 flush=True,
             )
     out = Path(args.out)
     atomic_write_json({"settings": vars(args), "runs": results}, out / "ground_truth.json")
-    _plot(results, out / "ground_truth.png", args.dataset)
+    _plot(results, out / "ground_truth.png", f"{args.dataset} {args.model}", name)
     for count in dict.fromkeys(r["splits"] for r in results):
         gaps = [
-            abs(math.log(r["aid_fp"][-1] / r["ground_truth"][-1]))
+            abs(math.log(r["estimate"][-1] / r["ground_truth"][-1]))
             for r in results
             if r["splits"] == count
         ]
-        finals = [r["aid_fp"][-1] for r in results if r["splits"] == count]
+        finals = [r["estimate"][-1] for r in results if r["splits"] == count]
         print(
-            f"U={count}: mean |log(lam_AID / lam_true)| = {np.mean(gaps):.3f}, "
+            f"U={count}: mean |log(lam_{name} / lam_true)| = {np.mean(gaps):.3f}, "
             f"std of final log lam across seeds = {np.std(np.log(finals)):.3f}"
         )
     print(f"wrote {out / 'ground_truth.json'} and {out / 'ground_truth.png'}")
 
 
-def _plot(results: list[dict], path: Path, dataset: str) -> None:
+def _plot(results: list[dict], path: Path, title: str, name: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -115,14 +125,14 @@ def _plot(results: list[dict], path: Path, dataset: str) -> None:
     fig, axes = plt.subplots(1, len(counts), figsize=(5 * len(counts), 3.5), squeeze=False)
     for ax, count in zip(axes[0], counts, strict=True):
         for i, r in enumerate(r for r in results if r["splits"] == count):
-            color = f"C{i}"  # one colour per seed: solid ground truth, dashed AID-FP estimate
+            color = f"C{i}"  # one colour per seed: solid ground truth, dashed estimate
             ax.plot(r["ground_truth"], "-", color=color, lw=1.2)
-            ax.plot(r["aid_fp"], "--", color=color, lw=1.2)
+            ax.plot(r["estimate"], "--", color=color, lw=1.2)
         ax.set(
             yscale="log",
             xlabel="outer step",
             ylabel="lambda",
-            title=f"{dataset} lasso, U={count}: solid exact, dashed AID-FP",
+            title=f"{title}, U={count}: solid exact, dashed {name}",
         )
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -1,4 +1,4 @@
-"""The cvxpy lasso ground truth: solution optimality and the exact hypergradient."""
+"""The cvxpy lasso and SVM ground truths: solutions and exact hypergradients."""
 
 from __future__ import annotations
 
@@ -6,8 +6,15 @@ import math
 
 import numpy as np
 import pytest
+from sklearn.svm import SVC
 
-from fewshot.hpo.ground_truth import ground_truth_path, lasso_hypergradient, lasso_solution
+from fewshot.hpo.ground_truth import (
+    ground_truth_path,
+    lasso_hypergradient,
+    lasso_solution,
+    svm_hypergradient,
+    svm_solution,
+)
 from fewshot.hpo.libsvm import load_dataset
 
 
@@ -52,3 +59,29 @@ def test_ground_truth_path_moves_against_the_hypergradient(triazines):
     # The first Adam step moves log lam by -lr * sign(hypergradient).
     step = math.log(path[0] / start)
     assert step == pytest.approx(-0.1 * np.sign(lasso_hypergradient(start, train, val)), rel=1e-3)
+
+
+@pytest.fixture(scope="module")
+def heart():
+    data = load_dataset("heart", seed=0)
+    x, y = data.x_observed, data.y_observed
+    return (x[:80], y[:80]), (x[80:], y[80:])
+
+
+@pytest.mark.parametrize("lam", [0.003, 0.05])
+def test_svm_solution_matches_libsvm(heart, lam):
+    (x, y), _ = heart
+    w, b = svm_solution(lam, (x, y))
+    # mean hinge + lam ||w||^2, times 1 / (2 lam): 1/2 ||w||^2 + C sum hinge with C = 1/(2 lam n)
+    reference = SVC(kernel="linear", C=1.0 / (2 * lam * len(y)), tol=1e-10).fit(x, y)
+    assert np.allclose(w, reference.coef_[0], atol=1e-4)
+    assert b == pytest.approx(reference.intercept_[0], abs=1e-3)
+
+
+def test_svm_ground_truth_path_moves_against_the_hypergradient(heart):
+    train, val = heart
+    start = 0.01
+    grad = svm_hypergradient(start, train, val)
+    assert grad != 0.0
+    path = ground_truth_path([(train, val)], start, 2, 0.1, hypergradient=svm_hypergradient)
+    assert math.log(path[0] / start) == pytest.approx(-0.1 * np.sign(grad), rel=1e-3)
