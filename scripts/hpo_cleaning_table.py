@@ -2,9 +2,10 @@
 
 Reads OUT/cleaning_{dataset}_{model}_{method}_seed{S}.json as written by `fewshot hpo cleaning`
 (or by scripts/bench_hpo_cleaning.py); with --run it first runs every missing (dataset, model,
-method, seed) cell with the command's defaults (equal inner-step budgets: OEHG T = 1000 with U = 5,
-RHG / T-RHG K = 64 with T = 94). Writes OUT/cleaning_table.md and OUT/cleaning_table.json: mean
-over the seeds found, "ours (paper)". Cells without a result show "-".
+method, seed) cell with the command's defaults (equal inner-step budgets: OEHG with U = 5 and
+T = 1000 for SR, 3000 for the MLP; RHG / T-RHG K = 64 with T = 94 / 282). Writes
+OUT/cleaning_table.md and OUT/cleaning_table.json: mean over the seeds found, "ours (paper)".
+Cells without a result show "-".
 
 The paper's table does not name its dataset; its numbers are shown beside MNIST (the issue's
 reading) and Fashion-MNIST rows have no paper number.

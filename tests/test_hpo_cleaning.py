@@ -164,3 +164,13 @@ def test_cli_rejects_bad_noise(tmp_path, capsys):
     args += ["--noise", "1.0", "--out", str(tmp_path), "--data-root", str(tmp_path)]
     assert main(args) == 2
     assert "--noise 1.0 must lie in [0, 1)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("model", "method", "steps"),
+    [("sr", "oehg", 1000), ("sr", "rhg", 94), ("mlp", "oehg", 3000), ("mlp", "trhg", 282)],
+)
+def test_default_budgets_give_every_method_oehgs_inner_steps(model, method, steps):
+    # OEHG takes U = 5 split steps and one deployed-model step per outer step: 6 T inner steps;
+    # RHG / T-RHG take K = 64 per outer step: ceil(6 * 1000 / 64) = 94, ceil(6 * 3000 / 64) = 282.
+    assert Settings(model=model, method=method).outer_step_count() == steps
