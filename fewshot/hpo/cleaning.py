@@ -44,6 +44,9 @@ DATASETS = ("mnist", "fashion-mnist")
 METHODS = ("rhg", "trhg", "oehg")
 
 
+OEHG_SPLITS = 5  # the paper's U
+
+
 @dataclass(frozen=True)
 class CleaningData:
     """Flat [0, 1] pixels and labels of the three sets; `corrupted` marks the flipped labels."""
@@ -246,7 +249,9 @@ class Settings:
 
     def split_count(self) -> int:
         """U for this method."""
-        return self.splits if self.splits is not None else (5 if self.method == "oehg" else 1)
+        if self.splits is not None:
+            return self.splits
+        return OEHG_SPLITS if self.method == "oehg" else 1
 
     def step_size(self) -> float:
         """The inner (and retraining) learning rate."""
@@ -275,7 +280,7 @@ class Settings:
         oehg_steps = 1000 if self.model == "sr" else 3000
         if self.method == "oehg":
             return oehg_steps
-        return math.ceil(oehg_steps * (5 + 1) / self.inner_steps)  # U = 5 models + deployed
+        return math.ceil(oehg_steps * (OEHG_SPLITS + 1) / self.inner_steps)  # + deployed model
 
     def check(self) -> None:
         """Raise FewshotError on settings that cannot run."""

@@ -29,7 +29,7 @@ Hypergradient = Callable[[float, Arrays, Arrays], float]
 
 
 def _solve(objective: cp.Expression) -> None:
-    """Minimise to near machine precision (the hypergradients difference these solutions)."""
+    """Minimise to near machine precision (hypergradients are taken from these solutions)."""
     cp.Problem(cp.Minimize(objective)).solve(
         solver=cp.CLARABEL, tol_gap_abs=1e-12, tol_gap_rel=1e-12, tol_feas=1e-12
     )
