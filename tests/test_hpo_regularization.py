@@ -52,6 +52,20 @@ def test_ridge_inner_solution_matches_sklearn():
     assert abs(float(theta["b"]) - reference.intercept_) < 1e-6
 
 
+def test_ridge_inner_descent_stays_stable_for_a_large_lambda():
+    # lam = 100 puts the penalty's curvature 2 lam far above the data loss's L: a step of 1 / L
+    # would diverge; the default step 1 / (L + 2 lam) converges to sklearn's solution.
+    data = load_dataset("triazines", seed=0)
+    x, y = data.x_observed, data.y_observed
+    lam = 100.0
+    assert 2 * lam > 2 / default_inner_lr("ridge", x)
+    theta = _solve("ridge", _tensors(x, y), lam, 5000)
+    reference = Ridge(alpha=lam * len(y)).fit(x, y)
+    # the unpenalised intercept converges slowest (the step is small next to its curvature)
+    assert np.allclose(theta["w"].numpy(), reference.coef_, rtol=1e-3, atol=1e-9)
+    assert float(theta["b"]) == pytest.approx(reference.intercept_, rel=1e-4)
+
+
 def test_logistic_inner_solution_matches_sklearn(heart):
     lam = 0.01
     theta = _solve("logistic", _tensors(heart.x_observed, heart.y_observed), lam, 6000)

@@ -69,11 +69,15 @@ def _grad(
 
 @dataclass(frozen=True)
 class Bilevel:
-    """A bilevel problem: inner (training) loss, outer (validation) loss, inner SGD step size."""
+    """A bilevel problem: inner (training) loss, outer (validation) loss, inner SGD step size.
+
+    `inner_lr` is a number or a function of lam (e.g. 1 / the smoothness of the whole inner loss,
+    penalty included, so that gradient descent stays stable whatever lam becomes).
+    """
 
     inner_loss: Loss
     outer_loss: Loss
-    inner_lr: float
+    inner_lr: float | Callable[[Tree], float | torch.Tensor]
 
     def step(self, theta: Tree, lam: Tree, data: Any, create_graph: bool = False) -> Tree:
         """One inner step theta - lr grad_theta R^tr; differentiable in (theta, lam) if asked."""
@@ -81,8 +85,12 @@ class Bilevel:
             if not create_graph:
                 theta, lam = _with_grad(theta), tree_detach(lam)
             g = _grad(self.inner_loss(theta, lam, data), theta, create_graph=create_graph)
-            new = tree_add(theta, g, -self.inner_lr)
+            new = tree_add(theta, g, -self.lr(lam))
         return new if create_graph else tree_detach(new)
+
+    def lr(self, lam: Tree) -> float | torch.Tensor:
+        """The inner step size at `lam`."""
+        return self.inner_lr(lam) if callable(self.inner_lr) else self.inner_lr
 
     def descend(self, theta: Tree, lam: Tree, data: Any, steps: int) -> Tree:
         """theta after `steps` inner gradient-descent steps (detached)."""
@@ -163,7 +171,7 @@ def aid_fp(
     solver_lr: float | None = None,
 ) -> Hypergradient:
     """Implicit differentiation; H v = b solved by v <- v - eta (H v - b) (eta: inner lr)."""
-    eta = problem.inner_lr if solver_lr is None else solver_lr
+    eta = float(problem.lr(lam)) if solver_lr is None else solver_lr
 
     def fixed_point(hvp: Callable[[Tree], Tree], b: Tree) -> Tree:
         v = tree_zeros_like(b)

@@ -52,7 +52,7 @@ class Settings:
     truncate: int = 32  # T-RHG: steps back-propagated
     solver_steps: int = 20  # Z for AID
     outer_lr: float = 0.01
-    inner_lr: float | None = None  # default 1 / (smoothness bound of the data loss)
+    inner_lr: float | None = None  # default 1 / (smoothness bound of the inner loss)
     init_lam: float = 0.01
     eval_points: int = 50  # test-loss curve resolution
     holdout: str = (
@@ -93,10 +93,17 @@ def predict(theta: Theta, x: torch.Tensor) -> torch.Tensor:
     return x @ theta["w"] + theta["b"]
 
 
-def make_problem(model: str, inner_lr: float) -> Bilevel:
-    """The bilevel problem of one model; lam is log lam, a scalar or one entry per weight."""
+def make_problem(model: str, inner_lr: float, fixed_lr: bool = False) -> Bilevel:
+    """The bilevel problem of one model; lam is log lam, a scalar or one entry per weight.
+
+    `inner_lr` is 1 / L of the data loss. An L2 penalty adds curvature 2 lam, so the step is
+    1 / (L + 2 max lam): a fixed 1 / L diverges once lam > L / 2. `fixed_lr` keeps `inner_lr`.
+    """
     loss = data_loss(model)
     norm = torch.abs if model == "lasso" else torch.square
+
+    def step_size(log_lam: torch.Tensor) -> torch.Tensor:
+        return 1.0 / (1.0 / inner_lr + 2.0 * torch.exp(log_lam).max())
 
     def inner(theta: Theta, log_lam: torch.Tensor, data: Data) -> torch.Tensor:
         x, y = data
@@ -106,7 +113,7 @@ def make_problem(model: str, inner_lr: float) -> Bilevel:
         x, y = data
         return loss(predict(theta, x), y)
 
-    return Bilevel(inner, outer, inner_lr)
+    return Bilevel(inner, outer, inner_lr if fixed_lr or model == "lasso" else step_size)
 
 
 def default_inner_lr(model: str, x: np.ndarray) -> float:
@@ -152,7 +159,7 @@ def run(
     split_data = [((x[s.train], y[s.train]), (x[s.val], y[s.val])) for s in splits]
     test = (_tensor(data.x_test), _tensor(data.y_test))
     lr = settings.inner_lr or default_inner_lr(settings.model, data.x_observed)
-    problem = make_problem(settings.model, lr)
+    problem = make_problem(settings.model, lr, fixed_lr=settings.inner_lr is not None)
     dim = x.shape[1]
     theta0 = {"w": torch.zeros(dim, dtype=torch.float64), "b": torch.zeros((), dtype=torch.float64)}
     lam0 = torch.full(
