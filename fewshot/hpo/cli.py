@@ -62,7 +62,12 @@ def _add_regularization(hpo_sub: argparse._SubParsersAction) -> None:
     p.add_argument("--truncate", type=int, default=defaults.truncate, help="T-RHG window")
     p.add_argument("--solver-steps", type=int, default=defaults.solver_steps, help="Z for AID")
     p.add_argument("--outer-lr", type=float, default=defaults.outer_lr, help="Adam on log lambda")
-    p.add_argument("--inner-lr", type=float, default=None, help="default: 1/L of the data loss")
+    p.add_argument(
+        "--inner-lr",
+        type=float,
+        default=None,
+        help="fixed inner step (default: 1/(L + 2 max lambda), L of the data loss; lasso 1/L)",
+    )
     p.add_argument("--init-lam", type=float, default=defaults.init_lam)
     p.add_argument(
         "--holdout",
