@@ -21,7 +21,8 @@ import json
 import statistics
 from pathlib import Path
 
-from fewshot.cli import main as fewshot_main
+from hpo_cells import add_cell_arguments, csv, run_missing
+
 from fewshot.io import atomic_write_json, atomic_write_text
 
 METHOD_NAMES = {"rhg": "RHG", "trhg": "T-RHG", "oehg": "OEHG"}
@@ -45,14 +46,14 @@ PAPER_WEIGHT_TR = {
 PAPER_DIRTY = {"sr": 81.52, "mlp": 74.21}
 
 
-def _csv(text: str) -> list[str]:
-    return [part for part in text.split(",") if part]
+def _path(out: Path, dataset: str, model: str, method: str, seed: int) -> Path:
+    return out / f"cleaning_{dataset}_{model}_{method}_seed{seed}.json"
 
 
 def _load(out: Path, dataset: str, model: str, method: str, seeds: list[int]) -> list[dict]:
     results = []
     for seed in seeds:
-        path = out / f"cleaning_{dataset}_{model}_{method}_seed{seed}.json"
+        path = _path(out, dataset, model, method, seed)
         if path.is_file():
             results.append(json.loads(path.read_text()))
     return results
@@ -66,32 +67,13 @@ def _cell(values: list[float], paper: float | None) -> str:
 def main() -> None:
     """Optionally run the missing cells, then write the Markdown and JSON tables."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/hpo_cleaning")
-    parser.add_argument("--run", action="store_true", help="run missing cells first")
-    parser.add_argument("--data-root", default=None)
-    parser.add_argument("--datasets", default="mnist,fashion-mnist")
-    parser.add_argument("--models", default="sr,mlp")
-    parser.add_argument("--methods", default="rhg,trhg,oehg")
-    parser.add_argument("--seeds", default="0")
+    add_cell_arguments(parser, "runs/hpo_cleaning", "mnist,fashion-mnist")
     args = parser.parse_args()
     out = Path(args.out)
-    datasets, models, methods = _csv(args.datasets), _csv(args.models), _csv(args.methods)
-    seeds = [int(s) for s in _csv(args.seeds)]
-
+    datasets, models, methods = csv(args.datasets), csv(args.models), csv(args.methods)
+    seeds = [int(s) for s in csv(args.seeds)]
     if args.run:
-        for dataset in datasets:
-            for model in models:
-                for method in methods:
-                    for seed in seeds:
-                        if _load(out, dataset, model, method, [seed]):
-                            continue
-                        argv = ["hpo", "cleaning", "--dataset", dataset, "--model", model]
-                        argv += ["--method", method, "--seed", str(seed), "--out", str(out)]
-                        if args.data_root:
-                            argv += ["--data-root", args.data_root]
-                        print("fewshot " + " ".join(argv), flush=True)
-                        if fewshot_main(argv):
-                            raise SystemExit(f"run failed: {' '.join(argv)}")
+        run_missing("cleaning", args, lambda cell: _path(out, *cell), [])
 
     lines, table = [], {}
     for dataset in datasets:

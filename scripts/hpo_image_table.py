@@ -17,7 +17,8 @@ import json
 import statistics
 from pathlib import Path
 
-from fewshot.cli import main as fewshot_main
+from hpo_cells import add_cell_arguments, csv, run_missing
+
 from fewshot.io import atomic_write_json, atomic_write_text
 
 METHOD_NAMES = {"rhg": "RHG", "trhg": "T-RHG", "oehg": "OEHG"}
@@ -32,10 +33,6 @@ PAPER = {
 }
 
 
-def _csv(text: str) -> list[str]:
-    return [part for part in text.split(",") if part]
-
-
 def _path(out: Path, dataset: str, model: str, method: str, seed: int) -> Path:
     return out / f"imgreg_{dataset}_{model}_{method}_seed{seed}.json"
 
@@ -48,32 +45,19 @@ def _cell(values: list[float], paper: float, digits: int) -> str:
 def main() -> None:
     """Optionally run the missing cells, then write the Markdown and JSON tables."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--out", default="runs/hpo_image")
-    parser.add_argument("--run", action="store_true", help="run missing cells first")
-    parser.add_argument("--data-root", default=None)
+    add_cell_arguments(parser, "runs/hpo_image", "mnist,fashion-mnist,cifar10")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    parser.add_argument("--datasets", default="mnist,fashion-mnist,cifar10")
-    parser.add_argument("--models", default="sr,mlp")
-    parser.add_argument("--methods", default="rhg,trhg,oehg")
-    parser.add_argument("--seeds", default="0")
     args = parser.parse_args()
     out = Path(args.out)
-    datasets, models, methods = _csv(args.datasets), _csv(args.models), _csv(args.methods)
-    seeds = [int(s) for s in _csv(args.seeds)]
-    cells = [(d, mo, me, s) for d in datasets for mo in models for me in methods for s in seeds]
-
+    datasets, models, methods = csv(args.datasets), csv(args.models), csv(args.methods)
+    seeds = [int(s) for s in csv(args.seeds)]
     if args.run:
-        for dataset, model, method, seed in cells:
-            if _path(out, dataset, model, method, seed).is_file():
-                continue
-            argv = ["hpo", "image-regularization", "--dataset", dataset, "--model", model]
-            argv += ["--method", method, "--seed", str(seed), "--out", str(out)]
-            argv += ["--device", args.device]
-            if args.data_root:
-                argv += ["--data-root", args.data_root]
-            print("fewshot " + " ".join(argv), flush=True)
-            if fewshot_main(argv):
-                raise SystemExit(f"run failed: {' '.join(argv)}")
+        run_missing(
+            "image-regularization",
+            args,
+            lambda cell: _path(out, *cell),
+            ["--device", args.device],
+        )
 
     names = [METHOD_NAMES[m] for m in methods]
     lines = ["| dataset | model | metric | " + " | ".join(names) + " |"]

@@ -1,0 +1,55 @@
+"""Shared by the image-task table scripts: the cell-selection flags and running missing cells."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from pathlib import Path
+
+from fewshot.cli import main as fewshot_main
+
+Cell = tuple[str, str, str, int]  # dataset, model, method, seed
+
+
+def csv(text: str) -> list[str]:
+    """The non-empty parts of a comma list."""
+    return [part for part in text.split(",") if part]
+
+
+def add_cell_arguments(parser: argparse.ArgumentParser, out: str, datasets: str) -> None:
+    """--out, --run, --data-root and the comma lists that select the table's cells."""
+    parser.add_argument("--out", default=out)
+    parser.add_argument("--run", action="store_true", help="run missing cells first")
+    parser.add_argument("--data-root", default=None)
+    parser.add_argument("--datasets", default=datasets)
+    parser.add_argument("--models", default="sr,mlp")
+    parser.add_argument("--methods", default="rhg,trhg,oehg")
+    parser.add_argument("--seeds", default="0")
+
+
+def cells(args: argparse.Namespace) -> list[Cell]:
+    """Every (dataset, model, method, seed) the flags select."""
+    return [
+        (dataset, model, method, int(seed))
+        for dataset in csv(args.datasets)
+        for model in csv(args.models)
+        for method in csv(args.methods)
+        for seed in csv(args.seeds)
+    ]
+
+
+def run_missing(
+    command: str, args: argparse.Namespace, result: Callable[[Cell], Path], extra: list[str]
+) -> None:
+    """Run `fewshot hpo COMMAND` for every selected cell whose result file is missing."""
+    for cell in cells(args):
+        if result(cell).is_file():
+            continue
+        dataset, model, method, seed = cell
+        argv = ["hpo", command, "--dataset", dataset, "--model", model, "--method", method]
+        argv += ["--seed", str(seed), "--out", args.out, *extra]
+        if args.data_root:
+            argv += ["--data-root", args.data_root]
+        print("fewshot " + " ".join(argv), flush=True)
+        if fewshot_main(argv):
+            raise SystemExit(f"run failed: {' '.join(argv)}")
