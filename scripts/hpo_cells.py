@@ -1,4 +1,4 @@
-"""Shared by the image-task table scripts: the cell-selection flags and running missing cells."""
+"""Shared by the image-task table scripts: cell-selection flags, missing-cell runs, output."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fewshot.cli import main as fewshot_main
+from fewshot.io import atomic_write_json, atomic_write_text
 
 Cell = tuple[str, str, str, int]  # dataset, model, method, seed
 
@@ -53,3 +54,11 @@ def run_missing(
         print("fewshot " + " ".join(argv), flush=True)
         if fewshot_main(argv):
             raise SystemExit(f"run failed: {' '.join(argv)}")
+
+
+def write_table(out: Path, name: str, lines: list[str], table: dict) -> None:
+    """Write OUT/NAME.md and OUT/NAME.json atomically and print the Markdown."""
+    text = "\n".join(lines)
+    atomic_write_text(text + "\n", out / f"{name}.md")
+    atomic_write_json(table, out / f"{name}.json")
+    print(text)

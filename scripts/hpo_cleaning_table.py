@@ -21,9 +21,7 @@ import json
 import statistics
 from pathlib import Path
 
-from hpo_cells import add_cell_arguments, csv, run_missing
-
-from fewshot.io import atomic_write_json, atomic_write_text
+from hpo_cells import add_cell_arguments, csv, run_missing, write_table
 
 METHOD_NAMES = {"rhg": "RHG", "trhg": "T-RHG", "oehg": "OEHG"}
 # Paper Table (data hyper-cleaning): (test accuracy, F1) per method and model; None = not given.
@@ -114,10 +112,7 @@ def main() -> None:
                 cells += [_cell(values, paper), "--"]
             lines.append(f"| {METHOD_NAMES[method]}-Weight Tr | " + " | ".join(cells) + " |")
         lines.append("")
-    text = "\n".join(lines)
-    atomic_write_text(text + "\n", out / "cleaning_table.md")
-    atomic_write_json(table, out / "cleaning_table.json")
-    print(text)
+    write_table(out, "cleaning_table", lines, table)
 
 
 if __name__ == "__main__":

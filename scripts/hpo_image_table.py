@@ -17,9 +17,7 @@ import json
 import statistics
 from pathlib import Path
 
-from hpo_cells import add_cell_arguments, csv, run_missing
-
-from fewshot.io import atomic_write_json, atomic_write_text
+from hpo_cells import add_cell_arguments, csv, run_missing, write_table
 
 METHOD_NAMES = {"rhg": "RHG", "trhg": "T-RHG", "oehg": "OEHG"}
 # Paper Table 7-5: (test accuracy %, test loss) for RHG, T-RHG, OEHG.
@@ -83,10 +81,7 @@ def main() -> None:
                 }
             lines.append(f"| {dataset} | {model.upper()} | acc % | " + " | ".join(accuracy) + " |")
             lines.append(f"| {dataset} | {model.upper()} | loss | " + " | ".join(loss) + " |")
-    text = "\n".join(lines)
-    atomic_write_text(text + "\n", out / "image_table.md")
-    atomic_write_json(table, out / "image_table.json")
-    print(text)
+    write_table(out, "image_table", lines, table)
 
 
 if __name__ == "__main__":
