@@ -28,15 +28,16 @@ def add_cell_arguments(parser: argparse.ArgumentParser, out: str, datasets: str)
     parser.add_argument("--seeds", default="0")
 
 
+def selection(args: argparse.Namespace) -> tuple[list[str], list[str], list[str], list[int]]:
+    """The selected datasets, models, methods and seeds."""
+    seeds = [int(seed) for seed in csv(args.seeds)]
+    return csv(args.datasets), csv(args.models), csv(args.methods), seeds
+
+
 def cells(args: argparse.Namespace) -> list[Cell]:
     """Every (dataset, model, method, seed) the flags select."""
-    return [
-        (dataset, model, method, int(seed))
-        for dataset in csv(args.datasets)
-        for model in csv(args.models)
-        for method in csv(args.methods)
-        for seed in csv(args.seeds)
-    ]
+    datasets, models, methods, seeds = selection(args)
+    return [(d, mo, me, s) for d in datasets for mo in models for me in methods for s in seeds]
 
 
 def run_missing(

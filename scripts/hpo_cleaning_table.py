@@ -21,7 +21,7 @@ import json
 import statistics
 from pathlib import Path
 
-from hpo_cells import add_cell_arguments, csv, run_missing, write_table
+from hpo_cells import add_cell_arguments, run_missing, selection, write_table
 
 METHOD_NAMES = {"rhg": "RHG", "trhg": "T-RHG", "oehg": "OEHG"}
 # Paper Table (data hyper-cleaning): (test accuracy, F1) per method and model; None = not given.
@@ -68,8 +68,7 @@ def main() -> None:
     add_cell_arguments(parser, "runs/hpo_cleaning", "mnist,fashion-mnist")
     args = parser.parse_args()
     out = Path(args.out)
-    datasets, models, methods = csv(args.datasets), csv(args.models), csv(args.methods)
-    seeds = [int(s) for s in csv(args.seeds)]
+    datasets, models, methods, seeds = selection(args)
     if args.run:
         run_missing("cleaning", args, lambda cell: _path(out, *cell), [])
 

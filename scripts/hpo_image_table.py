@@ -17,7 +17,7 @@ import json
 import statistics
 from pathlib import Path
 
-from hpo_cells import add_cell_arguments, csv, run_missing, write_table
+from hpo_cells import add_cell_arguments, run_missing, selection, write_table
 
 METHOD_NAMES = {"rhg": "RHG", "trhg": "T-RHG", "oehg": "OEHG"}
 # Paper Table 7-5: (test accuracy %, test loss) for RHG, T-RHG, OEHG.
@@ -47,8 +47,7 @@ def main() -> None:
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     args = parser.parse_args()
     out = Path(args.out)
-    datasets, models, methods = csv(args.datasets), csv(args.models), csv(args.methods)
-    seeds = [int(s) for s in csv(args.seeds)]
+    datasets, models, methods, seeds = selection(args)
     if args.run:
         run_missing(
             "image-regularization",

@@ -232,8 +232,7 @@ class Settings:
     n_val: int = 2000
     n_test: int = 10000
     noise: float = 0.5
-    outer_steps: int | None = None  # T; default: OEHG 1000 (SR) / 3000 (MLP), RHG/T-RHG the same
-    # inner-step budget
+    outer_steps: int | None = None  # T; default: see outer_step_count
     inner_steps: int = 64  # K of RHG / T-RHG (OEHG takes 1 step per outer step)
     truncate: int = 16  # T-RHG back-propagates through the last `truncate` of the K steps
     inner_lr: float | None = None  # default 0.5 (SR) / 0.2 (MLP)
