@@ -27,7 +27,7 @@ GEOMETRY = {
 }
 # Paper / MetaOptNet: training shot of the MetaOptNet heads per dataset.
 METAOPTNET_TRAIN_SHOT = {"miniimagenet": 15, "tieredimagenet": 10, "cifar-fs": 5, "fc100": 15}
-TABLE_SCRIPT = REPO / "scripts" / "train_fewshot_table.py"
+TABLE_SCRIPT = REPO / "experiments" / "fewshot_table" / "table.py"
 
 
 def config_id(path: Path) -> str:

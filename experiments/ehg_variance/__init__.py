@@ -1,0 +1,1 @@
+"""Meta-gradient variance of the U-split average (see README.md here)."""

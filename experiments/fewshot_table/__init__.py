@@ -1,0 +1,1 @@
+"""The paper's miniImageNet / tieredImageNet few-shot table (see README.md here)."""

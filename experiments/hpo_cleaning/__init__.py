@@ -1,0 +1,1 @@
+"""Data hyper-cleaning table (see README.md here)."""

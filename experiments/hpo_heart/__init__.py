@@ -1,0 +1,1 @@
+"""Heart study: lambda selection ceilings against OEHG (see README.md here)."""
