@@ -1,41 +1,71 @@
-"""The `fewshot` command: each sub-command lives in its own module's `add_parser`."""
+"""The `fewshot` command: every sub-command is a `Command` (settings dataclasses + run)."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
 from fewshot.errors import FewshotError
+from fewshot.evaluate import COMMANDS as EVAL_COMMANDS
 
-# Modules that define `add_parser(subparsers)`, each adding one or more sub-commands.
-COMMAND_MODULES = (
-    "fewshot.train",
-    "fewshot.evaluate",
-    "fewshot.hpo.cli",
-    "fewshot.metaoptnet_import",
-)
+try:  # TEMP-HPO-GUARD: remove once fewshot.hpo.cli exports COMMANDS
+    from fewshot.hpo.cli import COMMANDS as HPO_COMMANDS
+except ImportError:
+    HPO_COMMANDS = []
+from fewshot.interrupt import Interrupted, exit_status, signals_raise
+from fewshot.metaoptnet_import import COMMANDS as IMPORT_COMMANDS
+from fewshot.settings import Command, OneLineParser, add_flags
+from fewshot.train import COMMANDS as TRAIN_COMMANDS
+
+COMMANDS: list[Command] = [
+    *TRAIN_COMMANDS,
+    *EVAL_COMMANDS,
+    *IMPORT_COMMANDS,
+    *HPO_COMMANDS,
+]
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser with every sub-command."""
-    parser = argparse.ArgumentParser(
+    """The full argument parser: one sub-parser per command, flags from its settings."""
+    parser = OneLineParser(
         prog="fewshot", description="Few-shot meta-learning with ensemble hypergradients (EHG)."
     )
-    sub = parser.add_subparsers(dest="command", required=True)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).add_parser(sub)
+    groups: dict[tuple[str, ...], argparse._SubParsersAction] = {
+        (): parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    }
+    for command in COMMANDS:
+        for depth in range(1, len(command.path)):
+            prefix = command.path[:depth]
+            if prefix not in groups:
+                group = groups[prefix[:-1]].add_parser(prefix[-1], help=f"{prefix[-1]} commands")
+                groups[prefix] = group.add_subparsers(
+                    dest="_".join(prefix), required=True, parser_class=OneLineParser
+                )
+        sub = groups[command.path[:-1]].add_parser(
+            command.path[-1],
+            help=command.help,
+            description=command.help,
+        )
+        for cls in command.settings:
+            add_flags(sub, cls)
+        sub.set_defaults(_command=command)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point: run a sub-command; user errors print one line and exit with status 2."""
+    """Entry point. User errors print one line and exit 2; an interruption exits 128 + signal."""
     args = build_parser().parse_args(argv)
+    command: Command = args._command
+    name = "fewshot " + " ".join(command.path)
     try:
-        args.func(args)
+        with signals_raise():
+            command.run(*command.build_settings(args))
     except FewshotError as e:
-        print(f"fewshot {args.command}: error: {e}", file=sys.stderr)
+        print(f"{name}: error: {e}", file=sys.stderr)
         return 2
+    except (KeyboardInterrupt, Interrupted) as e:
+        print(f"{name}: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
+        return exit_status(e)
     return 0
 
 

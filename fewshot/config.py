@@ -1,63 +1,117 @@
-"""Training configuration: defaults, JSON config files, command-line overrides."""
+"""Training settings: every field checked when built, from defaults, JSON files or flags."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field, fields
+import math
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from fewshot.backbones import BACKBONES
+from fewshot.datasets import dataset_names
+from fewshot.ehg import distinct_splits
 from fewshot.errors import FewshotError
+from fewshot.heads import HEADS
+from fewshot.model import AMP_DTYPES
+from fewshot.settings import (
+    SettingError,
+    build,
+    check_fields,
+    check_options,
+    read_json_object,
+    seed_setting,
+    setting,
+)
+
+DEVICES = ("auto", "cpu", "cuda")
+# Keys a run may change when it is resumed: how long, where and on what it runs.
+RESUMABLE_KEYS = ("epochs", "out", "device", "data_root")
 
 
 @dataclass
 class TrainConfig:
     """Everything that defines a training run (saved in every checkpoint)."""
 
-    dataset: str = "omniglot"
-    data_root: str | None = None
-    train_split: str = "train"
-    val_split: str = "val"
-    backbone: str = "conv4"
-    backbone_options: dict = field(default_factory=dict)
-    head: str = "protonet"
-    head_options: dict = field(default_factory=dict)
-    eval_head_options: dict = field(default_factory=dict)
-    way: int = 5
-    shot: int = 1
-    query: int = 15
-    val_way: int | None = None
-    val_shot: int | None = None
-    val_query: int | None = None
-    val_episodes: int = 500
-    val_seed: int = 1234
-    epochs: int = 60
-    episodes_per_epoch: int = 1000
-    episodes_per_batch: int = 2
-    ehg_splits: int = 1
-    optimizer: str = "sgd"
-    lr: float = 0.1
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    # [[epoch, factor], ...]: from `epoch` on, lr = base lr * factor (MetaOptNet's schedule).
-    lr_schedule: list = field(default_factory=lambda: [[20, 0.06], [40, 0.012], [50, 0.0024]])
-    label_smoothing: float = 0.0
-    augment: bool = False
-    channels_last: bool = True
-    amp: str = "off"  # off | bf16 | fp16: autocast for the backbone
-    seed: int = 0
-    device: str = "auto"
-    out: str = "runs/default"
+    dataset: str = setting("omniglot", help="dataset name", choices=dataset_names)
+    data_root: str | None = setting(
+        None, help="data folder (default: $FEWSHOT_DATA or the repository's data/)"
+    )
+    train_split: str = setting("train", help="split to train on (e.g. train, trainval)")
+    val_split: str = setting("val", help="split to validate on")
+    backbone: str = setting("conv4", help="embedding network", choices=tuple(BACKBONES))
+    backbone_options: dict = setting(
+        help="backbone keyword options as JSON, e.g. '{\"drop_block_size\": 2}'",
+        default_factory=dict,
+    )
+    head: str = setting("protonet", help="classification head", choices=tuple(HEADS))
+    head_options: dict = setting(
+        help="head keyword options as JSON, e.g. '{\"lam\": 50}'", default_factory=dict
+    )
+    eval_head_options: dict = setting(
+        help="head options for validation and testing only (e.g. fewer SVM iterations)",
+        default_factory=dict,
+    )
+    way: int = setting(5, help="classes per training episode", low=1)
+    shot: int = setting(1, help="support images per class", low=1)
+    query: int = setting(15, help="query images per class", low=1)
+    val_way: int | None = setting(None, help="validation way (default: --way)", low=1)
+    val_shot: int | None = setting(None, help="validation shot (default: --shot)", low=1)
+    val_query: int | None = setting(None, help="validation query (default: --query)", low=1)
+    val_episodes: int = setting(500, help="seeded validation episodes per epoch", low=2)
+    val_seed: int = seed_setting(1234, help="seed of the validation episodes")
+    epochs: int = setting(60, help="training epochs", low=1)
+    episodes_per_epoch: int = setting(1000, help="training episodes per epoch", low=1)
+    episodes_per_batch: int = setting(2, help="episodes per optimizer step", low=1)
+    ehg_splits: int = setting(1, help="U re-splits of every episode (EHG); 1 = plain", low=1)
+    optimizer: str = setting("sgd", help="sgd (Nesterov momentum) or adam", choices=("sgd", "adam"))
+    lr: float = setting(0.1, help="base learning rate", above=0)
+    momentum: float = setting(0.9, help="SGD momentum", low=0, below=1)
+    weight_decay: float = setting(5e-4, help="L2 weight decay", low=0)
+    lr_schedule: list = setting(
+        help="[[epoch, factor], ...]: from that (0-based) epoch on, lr = base lr * factor",
+        default_factory=lambda: [[20, 0.06], [40, 0.012], [50, 0.0024]],
+    )
+    label_smoothing: float = setting(0.0, help="label smoothing of the query loss", low=0, below=1)
+    augment: bool = setting(False, help="MetaOptNet's training augmentation")
+    channels_last: bool = setting(True, help="channels_last memory format for the backbone")
+    amp: str = setting("off", help="autocast dtype for the backbone", choices=tuple(AMP_DTYPES))
+    seed: int = seed_setting(0, help="seed of the episodes, splits, augmentation and weights")
+    device: str = setting("auto", help="auto = cuda when available, else cpu", choices=DEVICES)
+    out: str = setting("runs/default", help="run folder (checkpoints, metrics.jsonl)")
 
     def __post_init__(self) -> None:
+        check_fields(self)
         self.val_way = self.val_way or self.way
         self.val_shot = self.val_shot or self.shot
         self.val_query = self.val_query or self.query
-        if self.optimizer not in ("sgd", "adam"):
-            raise FewshotError(f"optimizer must be sgd or adam, not {self.optimizer!r}")
-        if self.episodes_per_epoch < self.episodes_per_batch:
-            raise FewshotError("--episodes-per-epoch must be at least --episodes-per-batch")
-        if self.epochs < 1:
-            raise FewshotError(f"--epochs must be >= 1, got {self.epochs}")
+        self._check_relations()
+
+    def _check_relations(self) -> None:
+        """Checks that involve several fields."""
+        if not self.out.strip():
+            raise SettingError("out", "must name a folder")
+        if self.episodes_per_epoch % self.episodes_per_batch:
+            raise SettingError(
+                "episodes_per_epoch",
+                f"must be a multiple of episodes_per_batch ({self.episodes_per_batch}), "
+                f"got {self.episodes_per_epoch}",
+            )
+        limit = distinct_splits(self.way, self.shot, self.query)
+        if self.ehg_splits > limit:
+            raise SettingError(
+                "ehg_splits",
+                f"must be <= {limit}, the distinct splits of a {self.way}-way {self.shot}-shot "
+                f"{self.query}-query episode (C({self.shot + self.query},{self.shot})^{self.way}),"
+                f" got {self.ehg_splits}",
+            )
+        for i, entry in enumerate(self.lr_schedule):
+            if not _is_schedule_entry(entry):
+                raise SettingError(
+                    "lr_schedule",
+                    f"entry {i} must be [epoch >= 0 (an integer), factor > 0], got {entry!r}",
+                )
+        check_options("backbone_options", self.backbone_options, BACKBONES[self.backbone])
+        for key in ("head_options", "eval_head_options"):
+            check_options(key, getattr(self, key), HEADS[self.head])
 
     def lr_factor(self, epoch: int) -> float:
         """Learning-rate multiplier in `epoch` (0-based) under the step schedule."""
@@ -72,29 +126,39 @@ class TrainConfig:
         return asdict(self)
 
 
+def _is_schedule_entry(entry: object) -> bool:
+    """[epoch, factor] with an integer epoch >= 0 and a finite factor > 0."""
+    if not (isinstance(entry, list) and len(entry) == 2):
+        return False
+    epoch, factor = entry
+    is_number = isinstance(factor, int | float) and not isinstance(factor, bool)
+    return (
+        isinstance(epoch, int)
+        and not isinstance(epoch, bool)
+        and epoch >= 0
+        and is_number
+        and math.isfinite(factor)
+        and factor > 0
+    )
+
+
 def read_config_file(path: str | Path) -> dict:
-    """Read a JSON config file, refusing unknown keys with their name."""
-    path = Path(path)
-    try:
-        values = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise FewshotError(f"config file not found: {path}") from None
-    except json.JSONDecodeError as e:
-        raise FewshotError(f"config file {path} is not valid JSON: {e}") from None
-    known = {f.name for f in fields(TrainConfig)}
-    values.pop("_comment", None)
-    values.pop("results", None)
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise FewshotError(f"config file {path}: unknown keys {', '.join(unknown)}")
-    return values
+    """The settings of a JSON config file (keys starting with '_' are comments)."""
+    values = read_json_object(path)
+    return {k: v for k, v in values.items() if not k.startswith("_")}
 
 
-def make_config(config_file: str | None, overrides: dict) -> TrainConfig:
-    """Defaults <- config file <- command-line values that were given (not None)."""
-    values = read_config_file(config_file) if config_file else {}
-    values.update({k: v for k, v in overrides.items() if v is not None})
-    try:
-        return TrainConfig(**values)
-    except TypeError as e:
-        raise FewshotError(f"bad configuration: {e}") from None
+def make_config(config_file: str | None, flags: dict) -> TrainConfig:
+    """Defaults <- config file <- command-line values."""
+    layers = [(f"config file {config_file}", read_config_file(config_file))] if config_file else []
+    return build(TrainConfig, [*layers, ("flags", flags)])
+
+
+def checkpoint_settings(ckpt: dict, path: str | Path) -> dict:
+    """The TrainConfig saved in a checkpoint, checked; settings added since it was written
+    take their defaults (which reproduce how such runs behaved)."""
+    config = ckpt.get("config")
+    if not isinstance(config, dict):
+        raise FewshotError(f"{path} is not a fewshot training checkpoint (it has no config)")
+    values = {k: v for k, v in config.items() if k not in ("in_channels", "image_size")}
+    return build(TrainConfig, [(f"checkpoint {path}", values)]).to_dict()

@@ -44,3 +44,23 @@ def gather_objects(obj: object, info: Distributed) -> list | None:
     objects: list = [None] * info.world
     dist.all_gather_object(objects, obj)
     return objects
+
+
+def any_rank(value: int, info: Distributed) -> int:
+    """The largest of every rank's `value` (e.g. a stop signal number), on every rank."""
+    if info.world == 1:
+        return value
+    flag = torch.tensor([value], dtype=torch.long)
+    if dist.get_backend() == "nccl":
+        flag = flag.cuda()
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item())
+
+
+def broadcast_from_main(obj: object, info: Distributed) -> object:
+    """Rank 0's `obj` on every rank."""
+    if info.world == 1:
+        return obj
+    objects = [obj]
+    dist.broadcast_object_list(objects, src=0)
+    return objects[0]

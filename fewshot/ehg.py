@@ -8,6 +8,7 @@ is the gradient of the mean, one backward gives the averaged meta-gradient.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 
@@ -42,24 +43,63 @@ def draw_splits(
 ) -> torch.Tensor:
     """U distinct splits per episode as pool permutations [U, B, way, pool]; split 0 = original.
 
-    Splits are drawn uniformly and redrawn until no two of an episode share the same
-    support sets (sampling without replacement among splits).
+    Sampling without replacement among splits, in bounded time for every allowed U: when U
+    is at most a quarter of the distinct splits, uniform draws are redrawn until distinct (each
+    redraw collides with probability < 1/4); otherwise U - 1 distinct split numbers are drawn
+    at once and decoded.
     """
     check_splits(num_splits, way, shot, query)
+    if 4 * num_splits > distinct_splits(way, shot, query):
+        return _enumerated_splits(batch, way, shot, query, num_splits, generator)
     pool = shot + query
     perm = torch.rand(num_splits, batch, way, pool, generator=generator).argsort(dim=-1)
     perm[0] = torch.arange(pool)
-    earlier = torch.ones(num_splits, num_splits, dtype=torch.bool).tril(-1)
     while True:
-        support = torch.zeros(num_splits, batch, way, pool, dtype=torch.bool)
-        support.scatter_(3, perm[..., :shot], True)
-        flat = support.flatten(2)  # [U, B, way*pool]
-        same = (flat[:, None] == flat[None]).all(-1)  # [U, U, B]
-        dup = (same & earlier[..., None]).any(1)  # [U, B]: equals an earlier split
+        dup = _repeats(perm, shot)
         if not dup.any():
             return perm
         redraw = torch.rand(int(dup.sum()), way, pool, generator=generator).argsort(dim=-1)
         perm[dup] = redraw
+
+
+def _repeats(perm: torch.Tensor, shot: int) -> torch.Tensor:
+    """[U, B] mask: the split has the same support sets as an earlier split of its episode."""
+    u, b, way, pool = perm.shape
+    support = torch.zeros(u, b, way, pool, dtype=torch.bool)
+    support.scatter_(3, perm[..., :shot], True)
+    rows = support.flatten(2).numpy()
+    dup = torch.zeros(u, b, dtype=torch.bool)
+    for episode in range(b):
+        seen: set[bytes] = set()
+        for split in range(u):
+            key = rows[split, episode].tobytes()
+            dup[split, episode] = key in seen
+            seen.add(key)
+    return dup
+
+
+def _enumerated_splits(
+    batch: int, way: int, shot: int, query: int, num_splits: int, generator: torch.Generator
+) -> torch.Tensor:
+    """Splits numbered 0 .. M-1 (0 = original), U - 1 distinct non-zero numbers per episode.
+
+    Split number r, read in base C(pool, shot), gives each class's support set as its digit:
+    the digit-th `shot`-subset of the pool in lexicographic order (subset 0 = the first `shot`).
+    """
+    pool = shot + query
+    subsets = torch.tensor(list(itertools.combinations(range(pool), shot)))  # [C, shot]
+    in_support = torch.zeros(len(subsets), pool, dtype=torch.bool)
+    in_support.scatter_(1, subsets, True)
+    # The permutation of each subset: its members first, then the rest, each in pool order.
+    orders = torch.argsort((~in_support).long(), dim=1, stable=True)  # [C, pool]
+    total = distinct_splits(way, shot, query)
+    numbers = torch.stack(
+        [torch.randperm(total - 1, generator=generator)[: num_splits - 1] + 1 for _ in range(batch)]
+    )  # [B, U-1]
+    numbers = torch.cat([torch.zeros(batch, 1, dtype=torch.long), numbers], dim=1).T  # [U, B]
+    powers = len(subsets) ** torch.arange(way)
+    digits = numbers[..., None] // powers % len(subsets)  # [U, B, way]
+    return orders[digits]
 
 
 def split_episodes(

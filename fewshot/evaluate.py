@@ -2,23 +2,25 @@
 
 from __future__ import annotations
 
-import argparse
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from fewshot.datasets import load_split
+from fewshot.config import DEVICES, checkpoint_settings
+from fewshot.datasets import dataset_names, load_split
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeSampler, EpisodeShape
 from fewshot.device import images_to_device, resolve_device
 from fewshot.ehg import episode_loss
-from fewshot.errors import FewshotError
-from fewshot.io import atomic_write_json, load_checkpoint
+from fewshot.interrupt import Interrupted
+from fewshot.io import atomic_write_json, check_writable, load_checkpoint
 from fewshot.model import FewShotModel, load_model
+from fewshot.settings import Command, check_fields, seed_setting, setting
 
 
 def ci95(accuracies: torch.Tensor) -> float:
@@ -46,14 +48,29 @@ class EvalResult:
         return f"accuracy: {self.accuracy:.2f} ± {self.ci95:.2f} %"
 
 
+Stop = Callable[[], int | None]  # returns the number of a signal that asks to stop, or None
+
+
+def _check_stop(stop: Stop | None) -> None:
+    """Raise Interrupted when `stop` reports a signal."""
+    signum = stop() if stop is not None else None
+    if signum:
+        raise Interrupted(signum)
+
+
 @torch.no_grad()
 def embed_split(
-    model: FewShotModel, split: ImageSplit, device: torch.device, batch_size: int = 512
+    model: FewShotModel,
+    split: ImageSplit,
+    device: torch.device,
+    batch_size: int = 512,
+    stop: Stop | None = None,
 ) -> torch.Tensor:
     """Embeddings [N, d] of every image of the split, in eval mode (computed once, batched)."""
     model.eval()
     chunks = []
     for start in range(0, len(split.labels), batch_size):
+        _check_stop(stop)
         images = images_to_device(
             split, torch.arange(start, min(start + batch_size, len(split.labels))), device
         )
@@ -72,20 +89,23 @@ def episode_accuracies(
     cache: bool = True,
     head_options: dict | None = None,
     progress: bool = False,
+    stop: Stop | None = None,
 ) -> torch.Tensor:
     """Per-episode query accuracies [episodes] on seeded episodes of `split`.
 
     With cache=True every image is embedded once and episodes index the cached features;
     this is exact because BatchNorm in eval mode makes embeddings episode-independent.
+    `stop` is polled between batches (Interrupted is raised when it reports a signal).
     """
     model.eval()
     sampler = EpisodeSampler(split.labels, shape, seed, source=split.source)
-    features = embed_split(model, split, device) if cache else None
+    features = embed_split(model, split, device, stop=stop) if cache else None
     # Evaluation-time head options, e.g. fewer SVM iterations.
     head = functools.partial(model.head, **(head_options or {}))
     accuracies = []
     batches = math.ceil(episodes / shape.episodes_per_batch)
     for _ in tqdm(range(batches), desc="eval", unit="batch", disable=not progress, leave=False):
+        _check_stop(stop)
         index = sampler.sample()
         if features is not None:
             emb = features[index.to(device)]
@@ -107,10 +127,11 @@ def evaluate(
     cache: bool = True,
     head_options: dict | None = None,
     progress: bool = False,
+    stop: Stop | None = None,
 ) -> EvalResult:
     """Mean accuracy ± 95% CI (percent) over `episodes` seeded episodes."""
     acc = episode_accuracies(
-        model, split, shape, episodes, seed, device, cache, head_options, progress
+        model, split, shape, episodes, seed, device, cache, head_options, progress, stop
     )
     return EvalResult(
         100 * float(acc.double().mean()),
@@ -123,64 +144,67 @@ def evaluate(
     )
 
 
-def run_eval(args: argparse.Namespace) -> EvalResult:
+@dataclass(frozen=True)
+class EvalSettings:
+    """`fewshot eval`: which checkpoint, on which seeded episodes."""
+
+    checkpoint: str = setting(help="a .pt file written by fewshot train")
+    dataset: str | None = setting(
+        None, help="dataset to evaluate on (default: the training dataset)", choices=dataset_names
+    )
+    split: str = setting("test", help="split to draw the episodes from")
+    data_root: str | None = setting(
+        None, help="data folder (default: $FEWSHOT_DATA or the repository's data/)"
+    )
+    way: int = setting(5, help="classes per episode", low=1)
+    shot: int = setting(1, help="support images per class", low=1)
+    query: int = setting(15, help="query images per class", low=1)
+    episodes: int = setting(1000, help="number of seeded episodes (>= 2 for a CI)", low=2)
+    episodes_per_batch: int = setting(8, help="episodes per head call", low=1)
+    seed: int = seed_setting(0, help="seed of the test episodes")
+    device: str = setting("auto", help="auto = cuda when available, else cpu", choices=DEVICES)
+    cache: bool = setting(True, help="embed every image once (--no-cache: every episode)")
+    out: str | None = setting(None, help="JSON result path (default: next to the checkpoint)")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    def result_path(self, dataset: str) -> Path:
+        """Where the JSON result goes."""
+        if self.out:
+            return Path(self.out)
+        name = f"eval_{dataset}_{self.split}_{self.way}w{self.shot}s_seed{self.seed}.json"
+        return Path(self.checkpoint).with_name(name)
+
+
+def run_eval(settings: EvalSettings) -> EvalResult:
     """`fewshot eval`: load a checkpoint, evaluate on seeded episodes, print and write JSON."""
-    if args.episodes < 2:
-        raise FewshotError(
-            f"--episodes must be at least 2 for a confidence interval, got {args.episodes}"
-        )
-    device = resolve_device(args.device)
-    ckpt = load_checkpoint(args.checkpoint)
-    model, config = load_model(ckpt, args.checkpoint, device)
-    dataset = args.dataset or config["dataset"]
-    split = load_split(dataset, args.split, args.data_root)
-    shape = EpisodeShape(args.way, args.shot, args.query, args.episodes_per_batch)
+    device = resolve_device(settings.device)
+    ckpt = load_checkpoint(settings.checkpoint)
+    config = checkpoint_settings(ckpt, settings.checkpoint)
+    model, _ = load_model(ckpt, settings.checkpoint, device)
+    dataset = settings.dataset or config["dataset"]
+    out = settings.result_path(dataset)
+    check_writable(out)  # before the work, not after it
+    split = load_split(dataset, settings.split, settings.data_root)
+    shape = EpisodeShape(settings.way, settings.shot, settings.query, settings.episodes_per_batch)
     result = evaluate(
         model,
         split,
         shape,
-        args.episodes,
-        args.seed,
+        settings.episodes,
+        settings.seed,
         device,
-        cache=not args.no_cache,
-        head_options=config.get("eval_head_options"),
+        cache=settings.cache,
+        head_options=config["eval_head_options"],
         progress=True,
     )
     print(result.line())
-    out = (
-        Path(args.out)
-        if args.out
-        else Path(args.checkpoint).with_name(
-            f"eval_{dataset}_{args.split}_{args.way}w{args.shot}s_seed{args.seed}.json"
-        )
-    )
-    atomic_write_json(
-        {
-            **asdict(result),
-            "checkpoint": str(args.checkpoint),
-            "dataset": dataset,
-            "split": args.split,
-            "cache": not args.no_cache,
-        },
-        out,
-    )
+    record = {**asdict(result), "checkpoint": settings.checkpoint, "dataset": dataset}
+    atomic_write_json({**record, "split": settings.split, "cache": settings.cache}, out)
     return result
 
 
-def add_parser(subparsers) -> None:
-    """Add `fewshot eval`."""
-    p = subparsers.add_parser("eval", help="evaluate a checkpoint on seeded test episodes")
-    p.add_argument("--checkpoint", required=True, help="a .pt file written by fewshot train")
-    p.add_argument("--dataset", help="dataset to evaluate on (default: the training dataset)")
-    p.add_argument("--split", default="test")
-    p.add_argument("--data-root", help="data folder (default: $FEWSHOT_DATA or the repo's data/)")
-    p.add_argument("--way", type=int, default=5)
-    p.add_argument("--shot", type=int, default=1)
-    p.add_argument("--query", type=int, default=15)
-    p.add_argument("--episodes", type=int, default=1000)
-    p.add_argument("--episodes-per-batch", type=int, default=8)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--no-cache", action="store_true", help="embed every episode separately")
-    p.add_argument("--out", help="JSON result path (default: next to the checkpoint)")
-    p.set_defaults(func=run_eval)
+COMMANDS = [
+    Command(("eval",), "evaluate a checkpoint on seeded test episodes", (EvalSettings,), run_eval)
+]

@@ -19,8 +19,8 @@ counts the same training forwards, so the ramp resumes from there; a checkpoint 
 
 from __future__ import annotations
 
-import argparse
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -28,8 +28,9 @@ import torch
 from fewshot.config import TrainConfig
 from fewshot.datasets import cifar100_fewshot, miniimagenet
 from fewshot.errors import FewshotError
-from fewshot.io import atomic_torch_save, load_checkpoint
+from fewshot.io import atomic_torch_save, check_writable, load_checkpoint
 from fewshot.model import build_model
+from fewshot.settings import Command, check_fields, setting
 
 # Image side of each dataset MetaOptNet trains on (all RGB).
 IMAGE_SIZES = {
@@ -159,29 +160,40 @@ def import_metaoptnet(ckpt: dict, backbone: str, head: str, dataset: str, source
     }
 
 
-def run_import(args: argparse.Namespace) -> Path:
+@dataclass(frozen=True)
+class ImportSettings:
+    """`fewshot import-metaoptnet`: which MetaOptNet checkpoint, what it holds, where to write."""
+
+    checkpoint: str = setting(help="MetaOptNet .pth file (embedding + head)")
+    backbone: str = setting(help="its embedding network", choices=("resnet12", "conv4"))
+    head: str = setting(
+        help="its head: ProtoNet, Ridge, R2D2 or SVM (SVM-CS)", choices=tuple(HEADS)
+    )
+    dataset: str = setting(help="the dataset it was trained on", choices=tuple(IMAGE_SIZES))
+    out: str = setting(help="fewshot checkpoint to write (.pt)")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+def run_import(settings: ImportSettings) -> Path:
     """`fewshot import-metaoptnet`: convert a MetaOptNet checkpoint and write it atomically."""
-    ckpt = load_checkpoint(args.checkpoint)
-    converted = import_metaoptnet(ckpt, args.backbone, args.head, args.dataset, args.checkpoint)
-    out = Path(args.out)
+    out = Path(settings.out)
+    check_writable(out)
+    ckpt = load_checkpoint(settings.checkpoint)
+    converted = import_metaoptnet(
+        ckpt, settings.backbone, settings.head, settings.dataset, settings.checkpoint
+    )
     atomic_torch_save(converted, out)
     print(f"wrote {out}; evaluate it with: fewshot eval --checkpoint {out}")
     return out
 
 
-def add_parser(subparsers) -> None:
-    """Add `fewshot import-metaoptnet`."""
-    p = subparsers.add_parser(
-        "import-metaoptnet", help="convert a MetaOptNet checkpoint into a fewshot checkpoint"
+COMMANDS = [
+    Command(
+        ("import-metaoptnet",),
+        "convert a MetaOptNet checkpoint into a fewshot checkpoint",
+        (ImportSettings,),
+        run_import,
     )
-    p.add_argument("--checkpoint", required=True, help="MetaOptNet .pth (embedding + head)")
-    p.add_argument("--backbone", required=True, choices=("resnet12", "conv4"))
-    p.add_argument(
-        "--head",
-        required=True,
-        choices=tuple(HEADS),
-        help="MetaOptNet's head: ProtoNet, Ridge, R2D2 or SVM (SVM-CS)",
-    )
-    p.add_argument("--dataset", required=True, choices=tuple(IMAGE_SIZES))
-    p.add_argument("--out", required=True, help="fewshot checkpoint to write (.pt)")
-    p.set_defaults(func=run_import)
+]

@@ -67,6 +67,9 @@ def load_model(ckpt: dict, path, device: torch.device) -> tuple[FewShotModel, di
     if not isinstance(config, dict) or "model" not in ckpt:
         raise FewshotError(f"{path} is not a fewshot training checkpoint (no config/model)")
     model = build_model(config)
+    bad = [k for k, v in ckpt["model"].items() if v.is_floating_point() and not v.isfinite().all()]
+    if bad:
+        raise FewshotError(f"{path} holds non-finite weights ({', '.join(bad[:3])}); not using it")
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:

@@ -1,30 +1,39 @@
-"""Episodic meta-training: one backbone forward per step, EHG re-splits on the embeddings."""
+"""Episodic meta-training: one backbone forward per step, EHG re-splits on the embeddings.
+
+A run survives interruption: SIGINT, SIGTERM and SIGUSR1 are honoured between steps (and
+between validation batches), the state saved is one the run passed through, and `--resume`
+continues bit-identically on a CPU. A non-finite loss or gradient never reaches the weights.
+"""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import math
 import time
+from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from fewshot.config import TrainConfig, make_config
+from fewshot.config import RESUMABLE_KEYS, TrainConfig, checkpoint_settings, read_config_file
 from fewshot.datasets import load_split
 from fewshot.datasets.augment import TrainAugment
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeSampler, EpisodeShape
 from fewshot.device import images_to_device, resolve_device
-from fewshot.distributed import gather_objects, init_distributed
-from fewshot.ehg import check_splits, draw_splits, episode_loss
+from fewshot.distributed import any_rank, broadcast_from_main, gather_objects, init_distributed
+from fewshot.ehg import draw_splits, episode_loss
 from fewshot.errors import FewshotError
 from fewshot.evaluate import evaluate
-from fewshot.io import atomic_torch_save, atomic_write_json, load_checkpoint
+from fewshot.interrupt import Interrupted, StopRequests
+from fewshot.io import atomic_torch_save, atomic_write_json, atomic_write_text, load_checkpoint
 from fewshot.model import FewShotModel, build_model
+from fewshot.run_folder import RunFolder
+from fewshot.settings import Command, SettingError, check_fields, setting
 
 
 def model_config(config: TrainConfig, split: ImageSplit) -> dict:
@@ -45,6 +54,10 @@ def make_optimizer(config: TrainConfig, model: FewShotModel) -> torch.optim.Opti
     )
 
 
+class Diverged(FewshotError):
+    """A step met a non-finite loss or gradient; it was not applied."""
+
+
 class Trainer:
     """Holds the model, optimizer, samplers and RNGs of one run; `fit` trains and checkpoints."""
 
@@ -53,8 +66,10 @@ class Trainer:
         config: TrainConfig,
         resume: str | None = None,
         splits: tuple[ImageSplit, ImageSplit] | None = None,
+        checkpoint: dict | None = None,
     ):
-        """Set up a run; `splits` = (train, val) replaces reading config.dataset from disk."""
+        """Set up a run; `splits` = (train, val) replaces reading config.dataset from disk;
+        `resume` continues from that checkpoint (`checkpoint`: its contents, if already read)."""
         self.config = config
         self.device = resolve_device(config.device)
         self.dist = init_distributed(self.device)
@@ -73,7 +88,6 @@ class Trainer:
         )
         self.shape = EpisodeShape(config.way, config.shot, config.query, config.episodes_per_batch)
         self.val_shape = EpisodeShape(config.val_way, config.val_shot, config.val_query, 8)
-        check_splits(config.ehg_splits, config.way, config.shot, config.query)
         torch.manual_seed(config.seed)
         self.model_config = model_config(config, self.train_split)
         self.model = build_model(self.model_config).to(self.device)
@@ -95,10 +109,16 @@ class Trainer:
         self.augment_rng = torch.Generator().manual_seed(config.seed + 2 + self.dist.rank)
         self.augment = self._make_augment()
         self.epoch, self.step, self.best_val = 0, 0, -1.0
-        self.rank_rngs: list[dict] | None = None  # every rank's streams at the last epoch end
+        # The current epoch's running sums, so its metrics row covers all its steps.
+        self.loss_sum, self.acc_sum, self.seconds = 0.0, 0.0, 0.0
+        self.history: list[dict] = []  # one metrics row per finished epoch
+        self.rank_rngs: list[dict] | None = None  # every rank's streams, gathered before a save
         self.run_dir = Path(config.out)
+        self.resumed = resume is not None
+        self.stops = StopRequests()
         if resume:
-            self._restore(load_checkpoint(resume, self.device), resume)
+            ckpt = checkpoint if checkpoint is not None else load_checkpoint(resume, self.device)
+            self._restore(ckpt, resume)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -114,7 +134,11 @@ class Trainer:
         return lambda images: augment(images, self.augment_rng)
 
     def train_step(self) -> tuple[float, float]:
-        """One optimizer step on a batch of episodes; returns (loss, accuracy)."""
+        """One optimizer step on a batch of episodes; returns (loss, accuracy).
+
+        Raises Diverged, leaving weights and optimizer state untouched, when the loss or a
+        gradient is not finite (with fp16 the AMP scaler already skips inf/nan gradients).
+        """
         cfg = self.config
         index = self.sampler.sample()  # [B, way, pool]
         b, way, _ = index.shape
@@ -136,6 +160,17 @@ class Trainer:
         )
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
+        finite = torch.isfinite(loss)
+        if not self.scaler.is_enabled():
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            finite &= torch.isfinite(torch.nn.utils.get_total_norm(grads))
+        if not finite.item():  # one synchronisation per step, as loss.item() needs anyway
+            self.optimizer.zero_grad(set_to_none=True)
+            raise Diverged(
+                f"the loss or its gradient became non-finite (loss {loss.item()}) at epoch "
+                f"{self.epoch + 1} step {self.step + 1}; the step was not applied and the "
+                "checkpoints keep their finite weights; lower --lr"
+            )
         self.scaler.step(self.optimizer)
         self.scaler.update()
         return loss.item(), acc.mean().item()
@@ -150,93 +185,148 @@ class Trainer:
             self.config.val_seed,
             self.device,
             head_options=self.config.eval_head_options,
+            stop=self._stop_signal,
         )
         return result.accuracy, result.ci95
 
-    def fit(self) -> Path:
-        """Train to the last epoch; save last.pt every epoch (and on Ctrl-C) and best.pt."""
-        cfg = self.config
-        if self.dist.is_main:
-            atomic_write_json(self.model_config, self.run_dir / "config.json")
-        log_file = self.run_dir / "metrics.jsonl"
-        with open(log_file, "a") if self.dist.is_main else contextlib.nullcontext() as log:
-            try:
-                while self.epoch < cfg.epochs:
-                    self._train_epoch(log)
-            except KeyboardInterrupt:
-                last = self.run_dir / "last.pt"
-                self.save(last)
-                raise FewshotError(
-                    f"interrupted at epoch {self.epoch + 1} step {self.step}; saved {last} "
-                    f"(continue with --resume {last})"
-                ) from None
+    def fit(self, folder: RunFolder | None = None) -> Path:
+        """Train to the last epoch in the locked run folder (opened here unless given): last.pt
+        every epoch and on interruption, best.pt on the best validation accuracy."""
+        with contextlib.ExitStack() as stack:
+            if self.dist.is_main and folder is None:
+                folder = stack.enter_context(RunFolder(self.run_dir, fresh=not self.resumed))
+            stack.enter_context(self.stops)
+            if self.dist.is_main:
+                atomic_write_json(self.model_config, self.run_dir / "config.json")
+                self._write_metrics()  # drops rows a killed run wrote after its checkpoint
+            while self.epoch < self.config.epochs:
+                self._train_epoch()
+                self._finish_epoch()
         return self.run_dir
 
-    def _train_epoch(self, log) -> None:
-        """Finish the current epoch, validate, log and checkpoint."""
+    def _stop_signal(self) -> int | None:
+        """The signal that asked this process to stop, if any."""
+        return self.stops.signum
+
+    def _stop_agreed(self) -> int | None:
+        """The stop signal of any rank, so that all ranks stop at the same step."""
+        return any_rank(self.stops.signum or 0, self.dist) or None
+
+    def _train_epoch(self) -> None:
+        """Run the current epoch's remaining steps, stopping cleanly when asked to."""
         cfg = self.config
         for group in self.optimizer.param_groups:
             group["lr"] = cfg.lr * cfg.lr_factor(self.epoch)
         self.model.train()
-        losses, accs, start = [], [], time.time()
         bar = tqdm(
-            range(self.step, self.steps_per_epoch),
+            total=self.steps_per_epoch,
+            initial=self.step,
             desc=f"epoch {self.epoch + 1}/{cfg.epochs}",
             unit="step",
             leave=False,
             disable=not self.dist.is_main,
         )
-        for _ in bar:
-            loss, acc = self.train_step()
-            self.step += 1
-            losses.append(loss)
-            accs.append(acc)
-            if not math.isfinite(loss):
-                self.save(self.run_dir / "last.pt")
-                raise FewshotError(f"loss became {loss} at epoch {self.epoch + 1}; lower --lr")
-            bar.set_postfix(loss=f"{loss:.3f}", acc=f"{100 * acc:.1f}")
-        self.epoch, self.step = self.epoch + 1, 0
-        # Augmentation and torch streams differ per rank: collect them for an exact resume.
+        with bar:
+            while self.step < self.steps_per_epoch:
+                start = time.perf_counter()
+                loss, acc = self.train_step()
+                self.step += 1
+                self.loss_sum += loss
+                self.acc_sum += acc
+                self.seconds += time.perf_counter() - start
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.3f}", acc=f"{100 * acc:.1f}")
+                signum = self._stop_agreed()
+                if signum:
+                    self._save_and_stop(signum, "")
+
+    def _finish_epoch(self) -> None:
+        """Validate, log and checkpoint; an interruption in validation saves the epoch's
+        trained state, and the resumed run validates it again."""
         self.rank_rngs = gather_objects(self._rng_state(), self.dist)
+        record, stopped = None, 0
+        if self.dist.is_main:
+            try:
+                record = self._epoch_record(*self.validate())
+            except Interrupted as e:
+                stopped = e.signum
+        stopped = broadcast_from_main(stopped, self.dist)
+        if stopped:
+            self._save_and_stop(stopped, " (in validation: it is run again on resume)")
+        self.epoch, self.step = self.epoch + 1, 0
+        self.loss_sum, self.acc_sum, self.seconds = 0.0, 0.0, 0.0
         if not self.dist.is_main:
-            return  # rank 0 alone validates, logs and writes
-        val_acc, val_ci = self.validate()
-        record = {
-            "epoch": self.epoch,
-            "lr": self.optimizer.param_groups[0]["lr"],
-            "train_loss": sum(losses) / max(1, len(losses)),
-            "train_acc": 100 * sum(accs) / max(1, len(accs)),
-            "val_acc": val_acc,
-            "val_ci95": val_ci,
-            "seconds": time.time() - start,
-        }
-        log.write(json.dumps(record) + "\n")
-        log.flush()
+            return
+        self.history.append(record)
         tqdm.write(
             f"epoch {record['epoch']}: loss {record['train_loss']:.3f} "
-            f"train {record['train_acc']:.2f}% val {val_acc:.2f} ± {val_ci:.2f}%"
+            f"train {record['train_acc']:.2f}% val {record['val_acc']:.2f} ± "
+            f"{record['val_ci95']:.2f}%"
         )
-        if val_acc > self.best_val:
-            self.best_val = val_acc
+        # best.pt before last.pt: if killed in between, the resumed run validates again.
+        if record["val_acc"] > self.best_val:
+            self.best_val = record["val_acc"]
             self.save(self.run_dir / "best.pt")
         self.save(self.run_dir / "last.pt")
+        self._write_metrics()
+
+    def _epoch_record(self, val_acc: float, val_ci: float) -> dict:
+        """The metrics row of the epoch that just finished training."""
+        steps = max(1, self.step)
+        return {
+            "epoch": self.epoch + 1,
+            "lr": self.optimizer.param_groups[0]["lr"],
+            "train_loss": self.loss_sum / steps,
+            "train_acc": 100 * self.acc_sum / steps,
+            "val_acc": val_acc,
+            "val_ci95": val_ci,
+            "seconds": self.seconds,
+        }
+
+    def _save_and_stop(self, signum: int, where: str) -> None:
+        """Save last.pt at this step boundary and stop the run."""
+        self.rank_rngs = gather_objects(self._rng_state(), self.dist)
+        last = self.run_dir / "last.pt"
+        self.save(last)
+        raise Interrupted(
+            signum,
+            f"stopped at epoch {self.epoch + 1} step {self.step}{where}; saved {last}; "
+            f"continue with: fewshot train --resume {last}",
+        )
+
+    def _write_metrics(self) -> None:
+        """metrics.jsonl: one JSON line per finished epoch, rewritten whole (atomically)."""
+        lines = "".join(json.dumps(record) + "\n" for record in self.history)
+        atomic_write_text(lines, self.run_dir / "metrics.jsonl")
 
     def save(self, path: Path) -> None:
         """Atomically write everything needed to evaluate or resume exactly (rank 0 only)."""
         if not self.dist.is_main:
             return
+        model_state = self.model.state_dict()
+        bad = [
+            k for k, v in model_state.items() if v.is_floating_point() and not v.isfinite().all()
+        ]
+        if bad:
+            raise Diverged(f"not saving {path}: non-finite values in {', '.join(bad[:3])}")
         state = {
             "config": self.model_config,
-            "model": self.model.state_dict(),
+            "model": model_state,
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict(),
             "epoch": self.epoch,
             "step": self.step,
             "best_val": self.best_val,
+            "progress": {
+                "loss_sum": self.loss_sum,
+                "acc_sum": self.acc_sum,
+                "seconds": self.seconds,
+            },
+            "history": self.history,
             "sampler": self.sampler.state_dict(),
             "rng": self._rng_state(),
         }
-        if self.rank_rngs is not None and self.step == 0:  # gathered at this epoch's end
+        if self.rank_rngs is not None:
             state["rank_rngs"] = self.rank_rngs
         atomic_torch_save(state, path)
 
@@ -251,20 +341,28 @@ class Trainer:
 
     def _restore(self, ckpt: dict, path: str) -> None:
         """Continue a run from `path` where it stopped."""
-        saved = {
-            k: v for k, v in ckpt.get("config", {}).items() if k not in ("epochs", "out", "device")
-        }
-        mine = {k: v for k, v in self.model_config.items() if k not in ("epochs", "out", "device")}
-        if saved != mine:
-            diff = sorted(k for k in set(saved) | set(mine) if saved.get(k) != mine.get(k))
-            raise FewshotError(f"--resume {path}: the run's settings differ in {', '.join(diff)}")
+        saved = checkpoint_settings(ckpt, path)
+        mine = self.config.to_dict()
+        diff = sorted(k for k in mine if k not in RESUMABLE_KEYS and saved.get(k) != mine[k])
+        if diff:
+            changes = ", ".join(f"{k} ({saved.get(k)!r} -> {mine[k]!r})" for k in diff)
+            raise FewshotError(
+                f"--resume {path}: the run's settings differ in {changes}; only "
+                f"{', '.join(RESUMABLE_KEYS)} may change when a run is resumed"
+            )
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
-        self.scaler.load_state_dict(ckpt["scaler"])
+        if "scaler" in ckpt:  # checkpoints from before AMP have none (and ran without it)
+            self.scaler.load_state_dict(ckpt["scaler"])
         self.epoch, self.step, self.best_val = ckpt["epoch"], ckpt["step"], ckpt["best_val"]
+        progress = ckpt.get("progress", {})
+        self.loss_sum = progress.get("loss_sum", 0.0)
+        self.acc_sum = progress.get("acc_sum", 0.0)
+        self.seconds = progress.get("seconds", 0.0)
+        self.history = list(ckpt.get("history") or self._logged_history())
         self.sampler.load_state_dict(ckpt["sampler"])
-        # Each rank takes its own streams when the checkpoint has them (saved at an epoch's end
-        # by as many processes); otherwise (Ctrl-C, another process count) rank 0's.
+        # Each rank takes its own streams when the checkpoint has them (saved by as many
+        # processes); otherwise (another process count) rank 0's.
         rank_rngs = ckpt.get("rank_rngs")
         same_world = rank_rngs is not None and len(rank_rngs) == self.dist.world
         rng = rank_rngs[self.dist.rank] if same_world else ckpt["rng"]
@@ -274,57 +372,75 @@ class Trainer:
         if rng["cuda"] and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
 
+    def _logged_history(self) -> list[dict]:
+        """For checkpoints older than the saved history: the rows already in metrics.jsonl."""
+        path = self.run_dir / "metrics.jsonl"
+        if not path.is_file():
+            return []
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return [row for row in rows if row.get("epoch", math.inf) <= self.epoch]
 
-def run_train(args: argparse.Namespace) -> Path:
-    """`fewshot train`: build the config from defaults, --config and flags, then train."""
-    overrides = {
-        "dataset": args.dataset,
-        "data_root": args.data_root,
-        "backbone": args.backbone,
-        "head": args.head,
-        "way": args.way,
-        "shot": args.shot,
-        "query": args.query,
-        "val_way": args.val_way,
-        "val_shot": args.val_shot,
-        "val_query": args.val_query,
-        "epochs": args.epochs,
-        "episodes_per_epoch": args.episodes_per_epoch,
-        "episodes_per_batch": args.episodes_per_batch,
-        "ehg_splits": args.ehg_splits,
-        "lr": args.lr,
-        "label_smoothing": args.label_smoothing,
-        "amp": args.amp,
-        "seed": args.seed,
-        "device": args.device,
-        "out": args.out,
-    }
-    config = make_config(args.config, overrides)
-    trainer = Trainer(config, resume=args.resume)
-    run_dir = trainer.fit()
-    if trainer.dist.is_main:
+
+@dataclass(frozen=True)
+class TrainRun:
+    """How `fewshot train` is started: from a config file, or continuing a checkpoint."""
+
+    config: str | None = setting(
+        None, help="JSON config file (e.g. from models/); flags override it"
+    )
+    resume: str | None = setting(
+        None, help="continue the run of this checkpoint (in its folder unless --out is given)"
+    )
+    overwrite: bool = setting(False, help="let a fresh run replace the run its --out folder holds")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.resume and self.overwrite:
+            raise SettingError("overwrite", "cannot be combined with --resume")
+
+    @cached_property
+    def checkpoint(self) -> dict | None:
+        """The contents of --resume (read once)."""
+        return load_checkpoint(self.resume) if self.resume else None
+
+    def sources(self) -> list[tuple[str, dict]]:
+        """Layers under the flags: the resumed run's settings, the config file, and the
+        resumed run's folder as --out."""
+        layers = []
+        if self.resume:
+            layers.append(
+                (f"checkpoint {self.resume}", checkpoint_settings(self.checkpoint, self.resume))
+            )
+        if self.config:
+            layers.append((f"config file {self.config}", read_config_file(self.config)))
+        if self.resume:
+            layers.append(("--resume", {"out": str(Path(self.resume).parent)}))
+        return layers
+
+
+def run_train(run: TrainRun, config: TrainConfig) -> Path:
+    """`fewshot train`: lock the run folder, read the data, train."""
+    dist = init_distributed(resolve_device(config.device))
+    with contextlib.ExitStack() as stack:
+        folder = None
+        if dist.is_main:  # refuse a busy or occupied folder before reading any data
+            fresh = run.resume is None
+            folder = stack.enter_context(RunFolder(config.out, fresh, run.overwrite))
+        trainer = Trainer(config, resume=run.resume, checkpoint=run.checkpoint)
+        if trainer.epoch >= config.epochs:
+            print(f"the run already finished its {config.epochs} epochs (raise --epochs to go on)")
+            return trainer.run_dir
+        run_dir = trainer.fit(folder)
+    if dist.is_main:
         print(f"checkpoints in {run_dir}: best.pt (best validation), last.pt")
     return run_dir
 
 
-def add_parser(subparsers) -> None:
-    """Add `fewshot train`."""
-    p = subparsers.add_parser("train", help="episodic meta-training")
-    p.add_argument("--config", help="JSON config file (e.g. one from models/); flags override it")
-    p.add_argument("--dataset")
-    p.add_argument("--data-root", help="data folder (default: $FEWSHOT_DATA or the repo's data/)")
-    p.add_argument("--backbone", help="conv4 | resnet12")
-    p.add_argument("--head", help="protonet | ridge | svm")
-    for name in ("way", "shot", "query", "val-way", "val-shot", "val-query", "epochs"):
-        p.add_argument(f"--{name}", type=int)
-    p.add_argument("--episodes-per-epoch", type=int)
-    p.add_argument("--episodes-per-batch", type=int)
-    p.add_argument("--ehg-splits", type=int, help="U re-splits per episode (EHG); 1 = plain")
-    p.add_argument("--lr", type=float)
-    p.add_argument("--label-smoothing", type=float)
-    p.add_argument("--amp", choices=("off", "bf16", "fp16"), help="autocast for the backbone")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--out", help="run folder for checkpoints and metrics.jsonl")
-    p.add_argument("--resume", help="continue from a last.pt of the same run")
-    p.set_defaults(func=run_train)
+COMMANDS = [
+    Command(
+        ("train",),
+        "episodic meta-training (resumable; see --resume)",
+        (TrainRun, TrainConfig),
+        run_train,
+    )
+]

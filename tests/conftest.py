@@ -1,7 +1,8 @@
-"""Shared fixtures: the shipped Omniglot splits, loaded once per test session."""
+"""Shared fixtures: the shipped Omniglot splits and the data root of the larger sets."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -9,7 +10,17 @@ import pytest
 from fewshot.datasets import REPO_DATA, load_split
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data"
+# Read once at start-up, before any test points FEWSHOT_DATA at a small folder of its own.
+SHARED_DATA = Path(os.environ.get("FEWSHOT_DATA") or REPO.parent / "shared" / "data")
+
+
+@pytest.fixture(scope="session")
+def shared_data_root() -> Path:
+    """The folder with MNIST, CIFAR-10 and the larger LIBSVM sets: $FEWSHOT_DATA when set,
+    else the project's shared data beside the repository; tests skip without it."""
+    if not (SHARED_DATA / "mnist").is_dir():
+        pytest.skip(f"no shared data root with mnist/ at {SHARED_DATA} (set FEWSHOT_DATA)")
+    return SHARED_DATA
 
 
 @pytest.fixture(scope="session")

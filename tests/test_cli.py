@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -74,42 +75,148 @@ def test_train_then_eval(trained, capsys, tmp_path):
     assert result["episodes"] == 20 and result["seed"] == 3
 
 
-def error_of(capsys, args) -> str:
-    """Run the CLI, expect exit status 2, return stderr (which must be one line)."""
-    assert main(args) == 2
+# (command line, text the one-line error must contain). {tmp} is a fresh folder; {run} a
+# trained run folder; {file} a regular file; {cfg} a config file written from the case's JSON.
+BAD_COMMANDS = [
+    ("train --backbone vgg", "--backbone must be one of conv4, resnet12, got 'vgg'"),
+    ("train --head knn", "--head must be one of protonet, ridge, svm, got 'knn'"),
+    ("train --dataset mnist", "--dataset must be one of"),
+    ("train --way 30 --out {tmp}/r", "30-way episodes need 30 classes"),
+    ("train --shot -1", "--shot must be >= 1, got -1"),
+    ("train --way -1 --ehg-splits 2", "--way must be >= 1, got -1"),
+    ("train --lr 0", "--lr must be > 0"),
+    ("train --lr nan", "--lr must be a finite number"),
+    ("train --lr inf", "--lr must be a finite number"),
+    ("train --label-smoothing 1", "--label-smoothing must be >= 0 and < 1"),
+    ("train --seed 18446744073709551616", "--seed must be >= 0 and <= 9223372036854775807"),
+    ("train --momentum -0.5", "--momentum must be >= 0 and < 1"),
+    ("train --weight-decay -1", "--weight-decay must be >= 0"),
+    ("train --val-way 0", "--val-way must be >= 1, got 0"),
+    ("train --val-episodes 1", "--val-episodes must be >= 2"),
+    ("train --epochs 0", "--epochs must be >= 1"),
+    ("train --way 1 --shot 1 --query 1 --ehg-splits 3", "--ehg-splits must be <= 2"),
+    ("train --episodes-per-epoch 3 --episodes-per-batch 2", "--episodes-per-epoch must be a mult"),
+    ("train --lr-schedule [[1]]", "--lr-schedule entry 0 must be [epoch >= 0"),
+    ('train --lr-schedule [["a",0.1]]', "--lr-schedule entry 0 must be"),
+    ("train --lr-schedule x", "argument --lr-schedule: not valid JSON"),
+    ('train --head-options {"bogus":1}', "--head-options has no option 'bogus' for protonet"),
+    ('train --head ridge --head-options {"lam":"x"}', "--head-options.lam must be a number"),
+    ('train --backbone-options {"depth":3}', "--backbone-options has no option 'depth'"),
+    ("train --way five", "argument --way: invalid int value: 'five'"),
+    ("train --resume {run}/last.pt --overwrite", "--overwrite cannot be combined with --resume"),
+    ("train --resume {run}/last.pt --shot 2", "the run's settings differ in shot"),
+    ("train --resume {tmp}/none.pt", "checkpoint not found"),
+    ("train --out {file}/run", "is not usable"),
+    ("train --out {run}", "already holds a run"),
+    ("train --config {tmp}", "is a folder, not a JSON file"),
+    ("train --config {tmp}/missing.json", "config file not found"),
+    ("eval --checkpoint {run}/best.pt --query 0", "--query must be >= 1, got 0"),
+    ("eval --checkpoint {run}/best.pt --episodes 1", "--episodes must be >= 2"),
+    ("eval --checkpoint {tmp}/x.pt", "checkpoint not found"),
+    ("eval --checkpoint {file}", "cannot read checkpoint"),
+    ("eval --checkpoint {run}/best.pt --out {file}/r.json", "cannot write"),
+    ("eval --checkpoint {run}/best.pt --split nope", "omniglot has splits"),
+    ("eval", "the following arguments are required: --checkpoint"),
+    (
+        "import-metaoptnet --checkpoint {file} --backbone conv4 --head svm --dataset fc100 "
+        "--out {file}/x.pt",
+        "cannot write",
+    ),
+]
+# Config files: (JSON text, error text); each must name the file and the key at fault.
+BAD_CONFIGS = [
+    ("[1, 2]", "must hold a JSON object, not a list"),
+    ('{"way": "five"}', "\"way\" must be an integer, got 'five'"),
+    ('{"way": null}', '"way" must be an integer, got None'),
+    ('{"way": true}', '"way" must be an integer, got True'),
+    ('{"epochs": 2.5}', '"epochs" must be an integer, got 2.5'),
+    ('{"lr": "0.1"}', "\"lr\" must be a number, got '0.1'"),
+    ('{"lr_schedule": [[20, 0.1], [30]]}', '"lr_schedule" entry 1 must be'),
+    ('{"wayy": 5}', "unknown keys wayy"),
+    ('{"way": 5', "is not valid JSON"),
+    ('{"head": "ridge", "eval_head_options": {"iters": 3}}', '"eval_head_options" has no option'),
+]
+
+
+def error_line(capsys, args: list[str]) -> str:
+    """Run the CLI, expect exit status 2 and one line on stderr; return it."""
+    try:
+        code = main(args)
+    except SystemExit as e:  # argparse refuses malformed flag values itself
+        code = e.code
     err = capsys.readouterr().err.strip()
+    assert code == 2, err
     assert len(err.splitlines()) == 1, err
     return err
 
 
-def test_user_errors_are_one_line(capsys, tmp_path, trained):
-    assert "unknown backbone 'vgg'" in error_of(
-        capsys, ["train", "--backbone", "vgg", "--out", str(tmp_path)]
-    )
-    assert "unknown head 'knn'" in error_of(
-        capsys, ["train", "--head", "knn", "--out", str(tmp_path)]
-    )
-    assert "unknown dataset 'mnist'" in error_of(capsys, ["train", "--dataset", "mnist"])
-    assert "30-way episodes need 30 classes" in error_of(
-        capsys, ["train", "--way", "30", "--out", str(tmp_path)]
-    )
-    assert "--ehg-splits 2 exceeds the 1 distinct splits" in error_of(
-        capsys, ["train", "--way", "5", "--shot", "20", "--query", "0", "--ehg-splits", "2"]
-    )
-    assert "checkpoint not found" in error_of(
-        capsys, ["eval", "--checkpoint", str(tmp_path / "x.pt")]
-    )
-    bad = tmp_path / "bad.pt"
-    bad.write_bytes(b"garbage")
-    assert "cannot read checkpoint" in error_of(capsys, ["eval", "--checkpoint", str(bad)])
-    config = tmp_path / "c.json"
-    config.write_text('{"wayy": 5}')
-    assert "unknown keys wayy" in error_of(capsys, ["train", "--config", str(config)])
+@pytest.mark.parametrize(("command", "message"), BAD_COMMANDS, ids=[c for c, _ in BAD_COMMANDS])
+def test_bad_input_is_one_line_naming_the_flag(capsys, tmp_path, trained, command, message):
+    file = tmp_path / "file"
+    file.write_bytes(b"garbage")
+    places = {"{tmp}": tmp_path, "{run}": trained, "{file}": file}
+    words = command.split()
+    for name, path in places.items():
+        words = [w.replace(name, str(path)) for w in words]
+    assert message in error_line(capsys, words)
+
+
+@pytest.mark.parametrize(("text", "message"), BAD_CONFIGS, ids=[t for t, _ in BAD_CONFIGS])
+def test_bad_config_file_is_one_line_naming_file_and_key(capsys, tmp_path, text, message):
+    path = tmp_path / "c.json"
+    path.write_text(text)
+    err = error_line(capsys, ["train", "--config", str(path), "--out", str(tmp_path / "r")])
+    assert message in err and str(path) in err
+    assert not (tmp_path / "r").exists()  # refused before any folder or data was touched
+
+
+def test_a_config_file_that_is_not_utf8_is_refused(capsys, tmp_path):
+    path = tmp_path / "c.json"
+    path.write_bytes(b'{"way": "\xff"}')
+    assert "is not UTF-8 text" in error_line(capsys, ["train", "--config", str(path)])
+
+
+def test_a_checkpoint_with_bad_settings_is_refused_naming_it(capsys, tmp_path, trained):
+    ckpt = torch.load(trained / "best.pt", weights_only=True)
+    ckpt["config"]["head_options"] = {"bogus": 1}
+    torch.save(ckpt, tmp_path / "odd.pt")
+    err = error_line(capsys, ["eval", "--checkpoint", str(tmp_path / "odd.pt")])
+    assert f'checkpoint {tmp_path / "odd.pt"}: "head_options" has no option' in err
+
+
+def test_eval_refuses_non_finite_weights(capsys, tmp_path, trained):
+    ckpt = torch.load(trained / "best.pt", weights_only=True)
+    ckpt["model"]["scale"] = torch.tensor(float("nan"))
+    torch.save(ckpt, tmp_path / "nan.pt")
+    err = error_line(capsys, ["eval", "--checkpoint", str(tmp_path / "nan.pt")])
+    assert "non-finite weights (scale)" in err
+
+
+def test_resume_continues_in_the_checkpoint_folder(capsys, tmp_path, tiny_omniglot_root):
+    run = tmp_path / "run"
+    args = ["train", "--way", "5", "--query", "2", "--episodes-per-epoch", "4"]
+    args += ["--val-episodes", "4", "--device", "cpu", "--out", str(run)]
+    assert main([*args, "--epochs", "1"]) == 0
+    assert main(["train", "--resume", str(run / "last.pt"), "--epochs", "2"]) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [row["epoch"] for row in rows] == [1, 2]
+    assert not (Path("runs") / "default").exists()
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run / "last.pt")]) == 0  # --epochs 2 is kept
+    assert "already finished its 2 epochs" in capsys.readouterr().out
+
+
+def test_help_shows_defaults(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--val-episodes VAL_EPISODES seeded validation episodes per epoch (default: 500)" in text
+    assert "--optimizer {sgd,adam}" in text
 
 
 def test_checkpoint_of_another_backbone_is_refused(capsys, tmp_path, trained):
     ckpt = torch.load(trained / "best.pt", weights_only=True)
     ckpt["config"]["backbone"] = "resnet12"
     torch.save(ckpt, tmp_path / "other.pt")
-    err = error_of(capsys, ["eval", "--checkpoint", str(tmp_path / "other.pt")])
+    err = error_line(capsys, ["eval", "--checkpoint", str(tmp_path / "other.pt")])
     assert "does not fit a resnet12 backbone" in err

@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+import fewshot.train
 from fewshot.config import TrainConfig
 from fewshot.datasets import load_split
 from fewshot.datasets.sampler import EpisodeSampler, EpisodeShape
 from fewshot.errors import FewshotError
 from fewshot.heads import get_head
+from fewshot.interrupt import Interrupted
 from fewshot.io import load_checkpoint
 from fewshot.model import build_model
+from fewshot.run_folder import RunFolder
 from fewshot.train import Trainer, model_config
 
 
@@ -100,31 +105,125 @@ def test_resume_is_bit_identical(tmp_path, ehg_splits):
     assert (tmp_path / "b" / "run" / "best.pt").is_file()
 
 
-def test_ctrl_c_saves_a_checkpoint_that_resumes_exactly(tmp_path, monkeypatch):
-    Trainer(tiny_config(tmp_path / "a")).fit()
-
+def interrupted_then_resumed(
+    tmp_path, monkeypatch, method: str, call: int, **changes
+) -> tuple[tuple[int, int], dict]:
+    """Run with a SIGTERM request arriving during the `call`-th call of Trainer.`method`, then
+    resume from last.pt to the end; return the (epoch, step) saved at the stop and the final
+    state."""
+    config = tiny_config(tmp_path, **changes)
+    real = getattr(Trainer, method)
     calls = {"n": 0}
-    real_step = Trainer.train_step
 
-    def interrupting_step(self):
+    def signalled(self, *args):
         calls["n"] += 1
-        if calls["n"] == 5:  # the second step of epoch 2
-            raise KeyboardInterrupt
-        return real_step(self)
+        if calls["n"] == call:
+            self.stops.request(signal.SIGTERM)  # what the handler does when the signal comes
+        return real(self, *args)
 
-    monkeypatch.setattr(Trainer, "train_step", interrupting_step)
-    config = tiny_config(tmp_path / "b")
-    with pytest.raises(FewshotError, match="interrupted at epoch 2 step 1"):
+    monkeypatch.setattr(Trainer, method, signalled)
+    with pytest.raises(Interrupted, match="saved") as stopped:
         Trainer(config).fit()
-    ckpt = load_checkpoint(tmp_path / "b" / "run" / "last.pt")
-    assert (ckpt["epoch"], ckpt["step"]) == (1, 1)
-    monkeypatch.setattr(Trainer, "train_step", real_step)
-    Trainer(config, resume=str(tmp_path / "b" / "run" / "last.pt")).fit()
-    state_a, state_b = final_state(tmp_path / "a" / "run"), final_state(tmp_path / "b" / "run")
-    # the interrupted epoch logs its loss over the resumed steps only; weights must agree
-    for key, value in state_a["model"].items():
-        assert torch.equal(value, state_b["model"][key]), key
-    assert state_a["metrics"][-1]["val_acc"] == state_b["metrics"][-1]["val_acc"]
+    assert stopped.value.signum == signal.SIGTERM
+    ckpt = load_checkpoint(tmp_path / "run" / "last.pt")
+    monkeypatch.setattr(Trainer, method, real)
+    Trainer(config, resume=str(tmp_path / "run" / "last.pt")).fit()
+    assert not list((tmp_path / "run").glob(".*.tmp"))
+    return (ckpt["epoch"], ckpt["step"]), final_state(tmp_path / "run")
+
+
+@pytest.mark.parametrize(
+    ("method", "call", "where"),
+    [
+        ("train_step", 5, (1, 2)),  # inside the second step of epoch 2: that step completes
+        ("train_step", 3, (0, 3)),  # the last step of epoch 1, before its validation
+        ("validate", 1, (0, 3)),  # in the first validation: epoch 1 is validated on resume
+        ("validate", 2, (1, 3)),
+    ],
+)
+def test_interruption_resumes_exactly(tmp_path, monkeypatch, method, call, where):
+    Trainer(tiny_config(tmp_path / "a")).fit()
+    straight = final_state(tmp_path / "a" / "run")
+    stopped_at, resumed = interrupted_then_resumed(tmp_path / "b", monkeypatch, method, call)
+    assert stopped_at == where
+    assert_same_run(straight, resumed)  # weights, and every epoch's row (all its steps)
+    assert [row["epoch"] for row in resumed["metrics"]] == [1, 2]
+
+
+def test_a_second_signal_during_a_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    config = tiny_config(tmp_path, epochs=2)
+    Trainer(tiny_config(tmp_path, epochs=1)).fit()
+    before = load_checkpoint(tmp_path / "run" / "last.pt")
+
+    def interrupted_save(obj, path):
+        with open(path.parent / f".{path.name}.partial.tmp", "wb") as f:
+            f.write(b"half")  # what a killed write leaves; the atomic write removes its own
+        raise Interrupted(signal.SIGINT, "second signal: stopped at once")
+
+    monkeypatch.setattr("fewshot.train.atomic_torch_save", interrupted_save)
+    with pytest.raises(Interrupted):
+        Trainer(config, resume=str(tmp_path / "run" / "last.pt")).fit()
+    after = load_checkpoint(tmp_path / "run" / "last.pt")
+    assert (after["epoch"], after["step"]) == (before["epoch"], before["step"]) == (1, 0)
+    monkeypatch.undo()
+    Trainer(config, resume=str(tmp_path / "run" / "last.pt")).fit()  # stale .tmp cleaned up
+    assert not list((tmp_path / "run").glob(".*.tmp"))
+
+
+def test_a_non_finite_loss_never_reaches_the_weights(tmp_path, monkeypatch):
+    Trainer(tiny_config(tmp_path, epochs=1)).fit()
+    finite = load_checkpoint(tmp_path / "run" / "last.pt")
+    config = tiny_config(tmp_path, epochs=2)
+    trainer = Trainer(config, resume=str(tmp_path / "run" / "last.pt"))
+    real_loss = fewshot.train.episode_loss
+    calls = {"n": 0}
+
+    def poisoned(*args, **kwargs):
+        loss, acc = real_loss(*args, **kwargs)
+        calls["n"] += 1
+        return (loss * float("nan") if calls["n"] == 2 else loss), acc
+
+    monkeypatch.setattr("fewshot.train.episode_loss", poisoned)
+    trainer.train_step()
+    weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    momentum = [s["momentum_buffer"].clone() for s in trainer.optimizer.state.values()]
+    with pytest.raises(FewshotError, match="non-finite"):
+        trainer.train_step()
+    for key, value in trainer.model.state_dict().items():
+        if "running" not in key and "num_batches" not in key:  # BatchNorm saw the batch
+            assert torch.equal(value, weights[key]), key
+    for before, state in zip(momentum, trainer.optimizer.state.values(), strict=True):
+        assert torch.equal(before, state["momentum_buffer"])
+    # Through fit: the run stops and the checkpoint on disk keeps its finite weights.
+    calls["n"] = 0
+    with pytest.raises(FewshotError, match="non-finite"):
+        Trainer(config, resume=str(tmp_path / "run" / "last.pt")).fit()
+    kept = load_checkpoint(tmp_path / "run" / "last.pt")
+    for key, value in finite["model"].items():
+        assert torch.equal(value, kept["model"][key]), key
+
+
+def test_a_fresh_run_never_replaces_another(tmp_path):
+    Trainer(tiny_config(tmp_path, epochs=1)).fit()
+    weights = load_checkpoint(tmp_path / "run" / "best.pt")["model"]
+    with pytest.raises(FewshotError, match="already holds a run"):
+        Trainer(tiny_config(tmp_path, epochs=1, seed=5)).fit()
+    assert torch.equal(
+        load_checkpoint(tmp_path / "run" / "best.pt")["model"]["scale"], weights["scale"]
+    )
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 1
+    with RunFolder(tmp_path / "run", fresh=True, overwrite=True) as folder:
+        Trainer(tiny_config(tmp_path, epochs=1, seed=5)).fit(folder)
+    assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 1
+
+
+def test_a_busy_run_folder_is_refused_with_its_holder(tmp_path):
+    with (
+        RunFolder(tmp_path / "run", fresh=True),
+        pytest.raises(FewshotError, match=f"pid {os.getpid()}"),
+    ):
+        Trainer(tiny_config(tmp_path, epochs=1)).fit()
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
 def test_ehg_leaves_the_episode_stream_unchanged(tmp_path):

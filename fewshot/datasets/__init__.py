@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -25,6 +27,11 @@ def register(name: str):
     return wrap
 
 
+def dataset_names() -> list[str]:
+    """The names readers are registered under."""
+    return sorted(READERS)
+
+
 def resolve_data_root(data_root: str | os.PathLike | None = None) -> Path:
     """--data-root if given, else $FEWSHOT_DATA, else the repository's data/ folder."""
     root = Path(data_root or os.environ.get("FEWSHOT_DATA") or REPO_DATA)
@@ -36,8 +43,16 @@ def resolve_data_root(data_root: str | os.PathLike | None = None) -> Path:
 def load_split(dataset: str, split: str, data_root: str | os.PathLike | None = None) -> ImageSplit:
     """Read one split ('train', 'val', 'test', ...) of a dataset by name."""
     if dataset not in READERS:
-        raise FewshotError(f"unknown dataset {dataset!r}; choose from {', '.join(sorted(READERS))}")
-    return READERS[dataset](resolve_data_root(data_root), split)
+        raise FewshotError(f"unknown dataset {dataset!r}; choose from {', '.join(dataset_names())}")
+    root = resolve_data_root(data_root)
+    try:
+        return READERS[dataset](root, split)
+    except (OSError, ValueError, EOFError, zlib.error, zipfile.BadZipFile) as e:
+        # The readers name the file at fault where they can; this is the net below them.
+        first = next((line for line in str(e).splitlines() if line.strip()), "")
+        raise FewshotError(
+            f"cannot read {dataset} {split!r} under {root}: {type(e).__name__}: {first}"
+        ) from None
 
 
 # Import for their @register side effect.
@@ -48,4 +63,4 @@ from fewshot.datasets import (  # noqa: E402,F401
     tieredimagenet,
 )
 
-__all__ = ["READERS", "ImageSplit", "load_split", "register", "resolve_data_root"]
+__all__ = ["READERS", "ImageSplit", "dataset_names", "load_split", "register", "resolve_data_root"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -24,11 +25,21 @@ def _read_index(folder: Path) -> dict[tuple[str, str], tuple[str, int]]:
     path = folder / "omniglot_index.csv"
     if not path.is_file():
         raise FewshotError(f"missing {path}: copy the Omniglot files into {folder}")
+    index = {}
     with open(path, newline="") as f:
-        return {
-            (r["alphabet"], r["character"]): (r["npz_file"], int(r["npz_row"]))
-            for r in csv.DictReader(f)
-        }
+        for line, r in enumerate(csv.DictReader(f), start=2):
+            try:
+                file, row = r["npz_file"], int(r["npz_row"])
+                key = (r["alphabet"], r["character"])
+            except (KeyError, TypeError, ValueError):
+                raise FewshotError(
+                    f"{path} line {line}: expected alphabet,character,npz_file,npz_row with an "
+                    f"integer row, got {list(r.values())}"
+                ) from None
+            if file not in NPZ_FILES or row < 0:
+                raise FewshotError(f"{path} line {line}: no row {row} of {file!r}")
+            index[key] = (file, row)
+    return index
 
 
 def _read_npz(path: Path) -> np.ndarray:
@@ -38,7 +49,7 @@ def _read_npz(path: Path) -> np.ndarray:
     try:
         with np.load(path, allow_pickle=False) as d:
             images = d["images"]
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
+    except (OSError, KeyError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
         raise FewshotError(f"corrupt Omniglot file {path}: {e}") from None
     if images.ndim != 4 or images.shape[1:] != (20, 105, 105):
         raise FewshotError(f"{path}: expected images [chars, 20, 105, 105], got {images.shape}")
@@ -72,9 +83,12 @@ def read_omniglot(data_root: Path, split: str) -> ImageSplit:
         try:
             alphabet, character, rot = name.split("/")
             index[(alphabet, character)]
+            degrees = int(rot.removeprefix("rot"))
         except (ValueError, KeyError):
             raise FewshotError(f"{split_file}: unknown class {name!r}") from None
-        parsed.append(((alphabet, character), int(rot.removeprefix("rot")) // 90))
+        if degrees % 90:
+            raise FewshotError(f"{split_file}: {name!r} is not rotated by a multiple of 90")
+        parsed.append(((alphabet, character), degrees // 90))
 
     # Resize each needed character once; rotations are exact on the 28x28 grid.
     needed = list(dict.fromkeys(key for key, _ in parsed))
@@ -82,7 +96,13 @@ def read_omniglot(data_root: Path, split: str) -> ImageSplit:
     for file in NPZ_FILES:
         keys = [key for key in needed if index[key][0] == file]
         if keys:
-            drawings.append(_read_npz(folder / file)[np.array([index[k][1] for k in keys])])
+            images, rows = _read_npz(folder / file), np.array([index[k][1] for k in keys])
+            if rows.max() >= len(images):
+                raise FewshotError(
+                    f"{folder / 'omniglot_index.csv'}: row {rows.max()} is past the "
+                    f"{len(images)} characters of {folder / file}"
+                )
+            drawings.append(images[rows])
             position.update((key, len(position)) for key in keys)
     stacked = np.concatenate(drawings)
     small = _resize(stacked.reshape(-1, 105, 105)).view(len(stacked), 20, 1, 28, 28)

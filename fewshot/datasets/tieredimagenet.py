@@ -8,6 +8,7 @@ that same channel order, so both formats give identical tensors and checkpoints 
 from __future__ import annotations
 
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +60,7 @@ def read_npz_images(path: Path) -> np.ndarray:
             if "images" not in d.files:
                 raise FewshotError(f"{path}: no 'images' array (has {', '.join(d.files)})")
             return d["images"]
-    except (OSError, ValueError, zipfile.BadZipFile) as e:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as e:
         raise FewshotError(f"corrupt tieredImageNet file {path}: {e}") from None
 
 

@@ -1,0 +1,76 @@
+"""Interruption by signals: honoured between steps in training, at once everywhere else.
+
+Schedulers stop jobs with SIGTERM (SLURM can be told to send SIGUSR1 early); a person presses
+Ctrl-C (SIGINT). While training, `StopRequests` turns the first of these into a request that
+the trainer honours at the next step boundary, so a saved state is always one the run passed
+through; a second signal stops at once. Elsewhere `signals_raise` makes each of them an
+`Interrupted` exception, which the command line reports on one line.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from types import FrameType
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
+class Interrupted(Exception):
+    """The run was stopped by a signal (`signum`)."""
+
+    def __init__(self, signum: int, message: str = ""):
+        super().__init__(message)
+        self.signum = signum
+
+
+def exit_status(error: BaseException) -> int:
+    """128 + the signal number, the shell's convention for a process ended by a signal."""
+    return 128 + getattr(error, "signum", signal.SIGINT)
+
+
+def _raise(signum: int, frame: FrameType | None) -> None:
+    raise Interrupted(signum)
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """Within the block, SIGINT, SIGTERM and SIGUSR1 raise `Interrupted` (main thread only)."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {signum: signal.signal(signum, _raise) for signum in SIGNALS}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+class StopRequests:
+    """Context manager: the first signal sets `signum`; a second one raises `Interrupted`."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._previous: dict[int, object] = {}
+
+    def request(self, signum: int) -> None:
+        """Ask the run to stop at the next step boundary (what a signal does)."""
+        self.signum = signum
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.signum is not None:
+            raise Interrupted(signum, "second signal: stopped at once")
+        self.request(signum)
+
+    def __enter__(self) -> StopRequests:
+        if threading.current_thread() is threading.main_thread():
+            for signum in SIGNALS:
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()

@@ -1,0 +1,304 @@
+"""Settings dataclasses: every field typed and range-checked when built, from flags or JSON.
+
+A command's settings are a dataclass whose fields are declared with `setting(...)`. The same
+declaration gives the command-line flag (with its help and default), the JSON key, and the
+check run in `__post_init__` (through `check_fields`), so a bad value is refused before any
+data is read, whatever its source. `build` layers sources (defaults <- checkpoint <- config
+file <- flags) and names the flag or the file and key at fault.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import json
+import math
+import types
+import typing
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from fewshot.errors import FewshotError
+
+T = TypeVar("T")
+SEED_MAX = 2**63 - 1  # torch generators take 64-bit seeds; the trainer adds small offsets
+
+
+class SettingError(FewshotError):
+    """A bad value for one field; `build` rewrites it to name the flag or file it came from."""
+
+    def __init__(self, key: str, problem: str):
+        super().__init__(f"{key} {problem}")
+        self.key, self.problem = key, problem
+
+
+def setting(
+    default: Any = dataclasses.MISSING,
+    *,
+    help: str,
+    low: float | None = None,
+    above: float | None = None,
+    high: float | None = None,
+    below: float | None = None,
+    choices: Sequence[str] | Callable[[], Iterable[str]] | None = None,
+    default_factory: Callable[[], Any] | Any = dataclasses.MISSING,
+    flag: bool = True,
+) -> Any:
+    """A dataclass field with its help text and allowed range (low <= v, above < v, v <= high,
+    v < below) or choices (a sequence, or a callable for registries filled at import)."""
+    metadata = {"help": help, "low": low, "above": above, "high": high, "below": below}
+    metadata.update(choices=choices, flag=flag)
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
+
+
+def seed_setting(default: int = 0, help: str = "random seed") -> Any:
+    """A seed field: an integer in [0, 2^63 - 1]."""
+    return setting(default, help=help, low=0, high=SEED_MAX)
+
+
+def describe(hint: Any) -> str:
+    """'an integer', 'a number', ... for error messages."""
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
+    names.update({dict: "a JSON object", list: "a JSON list"})
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    if args:
+        return " or ".join(describe(a) for a in args) + " (or null)"
+    return names.get(typing.get_origin(hint) or hint, str(hint))
+
+
+def check_type(key: str, hint: Any, value: Any) -> Any:
+    """`value` as type `hint` (int for float, nothing else converted), or SettingError."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in typing.get_args(hint):
+            return None
+        for arg in typing.get_args(hint):
+            if arg is not type(None):
+                try:
+                    return check_type(key, arg, value)
+                except SettingError:
+                    pass
+        raise SettingError(key, f"must be {describe(hint)}, got {value!r}")
+    hint = origin or hint
+    if hint is bool:
+        ok = isinstance(value, bool)
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif hint is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if ok and not math.isfinite(value):
+            raise SettingError(key, f"must be a finite number, got {value!r}")
+        value = float(value) if ok else value
+    elif hint is dict:
+        ok = isinstance(value, dict) and all(isinstance(k, str) for k in value)
+    else:
+        ok = isinstance(value, hint)
+    if not ok:
+        raise SettingError(key, f"must be {describe(hint)}, got {value!r}")
+    return value
+
+
+def check_range(key: str, value: Any, meta: dict) -> None:
+    """Refuse a number outside the field's range or a string outside its choices."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        bounds = [
+            ("low", ">=", lambda v, b: v >= b),
+            ("above", ">", lambda v, b: v > b),
+            ("high", "<=", lambda v, b: v <= b),
+            ("below", "<", lambda v, b: v < b),
+        ]
+        wanted = [f"{sign} {meta[name]}" for name, sign, _ in bounds if meta[name] is not None]
+        if not all(ok(value, meta[name]) for name, _, ok in bounds if meta[name] is not None):
+            raise SettingError(key, f"must be {' and '.join(wanted)}, got {value!r}")
+    choices = meta["choices"]
+    if choices is not None and value is not None:
+        allowed = list(choices() if callable(choices) else choices)
+        if value not in allowed:
+            raise SettingError(key, f"must be one of {', '.join(map(str, allowed))}, got {value!r}")
+
+
+def check_fields(obj: Any) -> None:
+    """Check (and normalise int -> float) every field of a settings dataclass instance."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = check_type(f.name, hints[f.name], getattr(obj, f.name))
+        if f.metadata:
+            check_range(f.name, value, f.metadata)
+        object.__setattr__(obj, f.name, value)  # also works on frozen dataclasses
+
+
+# Parameters the caller fills itself, never options: a head's inputs, a backbone's geometry.
+RESERVED_OPTIONS = {
+    "query",
+    "support",
+    "support_labels",
+    "way",
+    "shot",
+    "in_channels",
+    "image_size",
+}
+
+
+def check_options(key: str, options: dict, target: Callable) -> None:
+    """Check keyword options for `target` (a function or class) against its signature: known
+    names and their annotated types."""
+    params = inspect.signature(target).parameters.values()
+    allowed = [
+        p.name for p in params if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD
+    ]
+    allowed = [name for name in allowed if name not in RESERVED_OPTIONS]
+    hints = typing.get_type_hints(target.__init__ if inspect.isclass(target) else target)
+    for name, value in options.items():
+        if name not in allowed:
+            raise SettingError(
+                key,
+                f"has no option {name!r} for {target.__name__}; "
+                f"known: {', '.join(allowed) or 'none'}",
+            )
+        if name in hints:
+            check_type(f"{key}.{name}", hints[name], value)
+
+
+def flag_name(key: str) -> str:
+    """'episodes_per_batch' -> '--episodes-per-batch'."""
+    return "--" + key.replace("_", "-")
+
+
+def read_json_object(path: str | Path, what: str = "config file") -> dict:
+    """A JSON file that must hold an object; one-line errors for every way it can be wrong."""
+    path = Path(path)
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except FileNotFoundError:
+        raise FewshotError(f"{what} not found: {path}") from None
+    except IsADirectoryError:
+        raise FewshotError(f"{what} {path} is a folder, not a JSON file") from None
+    except UnicodeDecodeError as e:
+        raise FewshotError(f"{what} {path} is not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise FewshotError(f"cannot read {what} {path}: {e.strerror}") from None
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise FewshotError(f"{what} {path} is not valid JSON: {e}") from None
+    if not isinstance(values, dict):
+        raise FewshotError(f"{what} {path} must hold a JSON object, not a {type(values).__name__}")
+    return values
+
+
+def settings_keys(cls: type) -> set[str]:
+    """The field names of a settings dataclass."""
+    return {f.name for f in dataclasses.fields(cls)}
+
+
+def build(cls: type[T], layers: Sequence[tuple[str, dict]]) -> T:
+    """Defaults <- each (label, values) layer in turn; an error names its layer's flag or key.
+
+    The label 'flags' means command-line values (errors say `--key`); any other label is a
+    file or checkpoint (errors say `label: "key"`). Keys starting with '_' are comments.
+    """
+    known = settings_keys(cls)
+    values: dict = {}
+    origin: dict[str, str] = {}
+    for label, layer in layers:
+        unknown = sorted(k for k in layer if k not in known and not k.startswith("_"))
+        if unknown:
+            raise FewshotError(f"{label}: unknown keys {', '.join(unknown)}")
+        for key, value in layer.items():
+            if key in known:
+                values[key], origin[key] = value, label
+    try:
+        return cls(**values)
+    except SettingError as e:
+        key = e.key.split(".")[0]
+        label = origin.get(key, "defaults")
+        if label == "flags":
+            raise FewshotError(f"{flag_name(e.key)} {e.problem}") from None
+        raise FewshotError(f'{label}: "{e.key}" {e.problem}') from None
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with one-line errors (exit status 2) instead of usage + error."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        """Print `prog: error: message` and exit 2."""
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _flag_type(hint: Any) -> Callable[[str], Any] | None:
+    """How argparse turns a flag's text into the field's type (JSON for objects and lists)."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    base = typing.get_origin(args[0] if args else hint) or (args[0] if args else hint)
+    if base in (dict, list):
+
+        def parse_json(text: str) -> Any:
+            try:
+                return json.loads(text)
+            except json.JSONDecodeError as e:
+                raise argparse.ArgumentTypeError(f"not valid JSON: {e}") from None
+
+        parse_json.__name__ = "JSON"
+        return parse_json
+    return base if base in (int, float, str) else None
+
+
+def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
+    """Add one flag per field of `cls` (bools as --x/--no-x); help shows the default.
+
+    Flags default to 'absent' (argparse.SUPPRESS), so `given_flags` can tell what was typed.
+    """
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if not f.metadata.get("flag", False):
+            continue
+        required = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        shown = json.dumps(default) if isinstance(default, dict | list) else default
+        shown_default = not required and default is not None
+        help_text = f.metadata["help"] + (f" (default: {shown})" if shown_default else "")
+        kwargs: dict[str, Any] = {"help": help_text.replace("%", "%%"), "dest": f.name}
+        kwargs["default"] = argparse.SUPPRESS
+        if hints[f.name] is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = _flag_type(hints[f.name])
+            choices = f.metadata["choices"]
+            if choices is not None and not callable(choices):
+                kwargs["metavar"] = "{" + ",".join(choices) + "}"
+        parser.add_argument(flag_name(f.name), required=required, **kwargs)
+
+
+def given_flags(args: argparse.Namespace, cls: type) -> dict:
+    """The fields of `cls` that were given on the command line."""
+    return {k: v for k, v in vars(args).items() if k in settings_keys(cls)}
+
+
+def from_flags(cls: type[T], args: argparse.Namespace) -> T:
+    """Build settings from defaults and the flags that were given."""
+    return build(cls, [("flags", given_flags(args, cls))])
+
+
+@dataclasses.dataclass(frozen=True)
+class Command:
+    """One `fewshot` sub-command: its settings dataclasses (their fields are its flags) and
+    `run(*settings)`. `path` is e.g. ("train",) or ("hpo", "cleaning").
+
+    When a command has two settings classes, the first is built from its flags alone and may
+    define `sources() -> [(label, values), ...]`: layers (a config file, a checkpoint's
+    settings) that the second is built from, under its flags.
+    """
+
+    path: tuple[str, ...]
+    help: str
+    settings: tuple[type, ...]
+    run: Callable[..., Any]
+
+    def build_settings(self, args: argparse.Namespace) -> list:
+        """The command's settings objects from parsed flags, each checked as it is built."""
+        built: list = []
+        for cls in self.settings:
+            sources = built[0].sources() if built and hasattr(built[0], "sources") else []
+            built.append(build(cls, [*sources, ("flags", given_flags(args, cls))]))
+        return built
