@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 import torch
 
-from fewshot.hpo.bias_variance import (
+from fewshot.hpo.splits import make_splits
+from fewshot.hpo.tasks.bias_variance import (
     bias_variance_table,
     per_split_hypergradients,
     sample_regression,
     summarize,
 )
-from fewshot.hpo.ensemble import make_splits
-from fewshot.hpo.ridge import ridge_hypergradient
+from fewshot.hpo.tasks.ridge import ridge_hypergradient
 
 
 @pytest.fixture(scope="module")

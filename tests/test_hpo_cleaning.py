@@ -3,36 +3,35 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
 from fewshot.cli import main
 from fewshot.errors import FewshotError
-from fewshot.hpo.cleaning import (
+from fewshot.hpo.tasks.classifiers import init_classifier
+from fewshot.hpo.tasks.cleaning import Settings, run_cleaning
+from fewshot.hpo.tasks.cleaning_data import (
     CleanValidationSplits,
-    Settings,
     cleaner_scores,
     corrupt_labels,
     draw_cleaning_data,
-    run_cleaning,
 )
-from fewshot.hpo.images import init_classifier
+from fewshot.settings import SettingError
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-needs_shared = pytest.mark.skipif(
-    not (SHARED_DATA / "mnist").is_dir(), reason="shared data folder not present"
-)
 SMALL = {"n_train": 600, "n_val": 300, "n_test": 500}
 
 
+def settings(**changes) -> Settings:
+    """MNIST softmax-regression settings on the small sets, CPU, with `changes`."""
+    values = {"dataset": "mnist", "model": "sr", "method": "oehg", "out": "unused"}
+    return Settings(**{**values, **SMALL, "device": "cpu", **changes})
+
+
 @pytest.fixture(scope="module")
-def small_data():
+def small_data(shared_data_root):
     """600 MNIST training examples (half of the labels corrupted), 300 validation, 500 test."""
-    if not (SHARED_DATA / "mnist").is_dir():
-        pytest.skip("shared data folder not present")
-    return draw_cleaning_data("mnist", **SMALL, noise=0.5, seed=3, data_root=SHARED_DATA)
+    return draw_cleaning_data("mnist", **SMALL, noise=0.5, seed=3, data_root=shared_data_root)
 
 
 def test_corruption_flips_to_a_different_label_at_the_rate():
@@ -77,16 +76,15 @@ def test_bad_sizes_and_missing_files_are_named(tmp_path):
         draw_cleaning_data("cifar10", data_root=tmp_path)
 
 
-@needs_shared
-def test_sizes_larger_than_the_data_are_rejected():
+def test_sizes_larger_than_the_data_are_rejected(shared_data_root):
     with pytest.raises(FewshotError, match="exceed the 60000 training images"):
-        draw_cleaning_data("mnist", n_train=59000, n_val=2000, data_root=SHARED_DATA)
+        draw_cleaning_data("mnist", n_train=59000, n_val=2000, data_root=shared_data_root)
     with pytest.raises(FewshotError, match="--n-test 10001"):
-        draw_cleaning_data("mnist", n_test=10001, data_root=SHARED_DATA)
+        draw_cleaning_data("mnist", n_test=10001, data_root=shared_data_root)
 
 
-def test_drawn_sets_are_disjoint_and_seeded(small_data):
-    again = draw_cleaning_data("mnist", **SMALL, noise=0.5, seed=3, data_root=SHARED_DATA)
+def test_drawn_sets_are_disjoint_and_seeded(small_data, shared_data_root):
+    again = draw_cleaning_data("mnist", **SMALL, noise=0.5, seed=3, data_root=shared_data_root)
     assert torch.equal(again.x_train, small_data.x_train)
     assert torch.equal(again.corrupted, small_data.corrupted)
     train_rows = {tuple(r) for r in small_data.x_train[:, ::7].tolist()}
@@ -96,8 +94,9 @@ def test_drawn_sets_are_disjoint_and_seeded(small_data):
 
 
 def test_oehg_splits_move_disjoint_confident_examples(small_data):
-    settings = Settings(**SMALL, extra_val=50, clean_confidence=0.9, resplit_every=10)
-    splits = CleanValidationSplits(small_data, 4, settings.extra_val, settings)
+    splits = CleanValidationSplits(
+        small_data, 4, 50, confidence=0.9, every=10, batch=600, val_batch=350, seed=0
+    )
     # A model that believes every given label with probability ~1: one-hot logits by hand.
     theta = init_classifier("sr", 784, 10, seed=0)
     confident = {"w": torch.zeros(784, 10), "b": torch.zeros(10)}
@@ -108,17 +107,16 @@ def test_oehg_splits_move_disjoint_confident_examples(small_data):
     data = splits(10, confident)
     share = min(50, pool // 3)
     assert splits.moved_counts == [0, share, share, share]
-    assert len(data[0][0].ids) == 600 and len(data[0][1].y) == 300  # split 0 is the original
-    moved = [set(range(600)) - set(train.ids.tolist()) for train, _ in data[1:]]
+    assert data[0][0].rows == 600 and data[0][1].rows == 300  # split 0 is the original
+    moved = [set(range(600)) - set(train.tensors[2].tolist()) for train, _ in data[1:]]
     assert all(not a & b for i, a in enumerate(moved) for b in moved[i + 1 :])
     assert all(int(small_data.y_train[i]) == 3 for m in moved for i in m)
     assert splits(11, theta) is data  # kept until the next re-draw
 
 
 def test_oehg_down_weights_corrupted_examples(small_data):
-    settings = Settings(**SMALL, method="oehg", outer_steps=40, extra_val=40, resplit_every=10)
-    settings = Settings(**{**settings.__dict__, "retrain_steps": 50})
-    result = run_cleaning(settings, small_data)
+    changes = {"outer_steps": 40, "extra_val": 40, "resplit_every": 10, "retrain_steps": 50}
+    result = run_cleaning(settings(**changes), small_data)
     assert result.corrupted_mean_weight < 0.3 < 0.7 < result.clean_mean_weight
     assert result.f1 > 85
     assert result.test_accuracy > 70
@@ -127,29 +125,27 @@ def test_oehg_down_weights_corrupted_examples(small_data):
 
 def test_rhg_and_trhg_down_weight_corrupted_examples(small_data):
     for method in ("rhg", "trhg"):
-        settings = Settings(
-            **SMALL, method=method, outer_steps=6, inner_steps=8, truncate=2, retrain_steps=10
-        )
-        result = run_cleaning(settings, small_data)
+        changes = {"outer_steps": 6, "inner_steps": 8, "truncate": 2, "retrain_steps": 10}
+        result = run_cleaning(settings(method=method, **changes), small_data)
         assert result.corrupted_mean_weight + 0.15 < result.clean_mean_weight, method
         assert result.f1 > 70, method
 
 
 def test_settings_are_checked():
-    with pytest.raises(FewshotError, match="--splits applies to oehg only"):
-        Settings(method="rhg", splits=3).check()
-    with pytest.raises(FewshotError, match="exceed the 8000 training examples"):
-        Settings(splits=30, extra_val=400).check()
-    with pytest.raises(FewshotError, match="--truncate"):
-        Settings(method="trhg", truncate=100, inner_steps=64).check()
+    with pytest.raises(SettingError, match="splits applies to oehg only"):
+        settings(method="rhg", splits=3)
+    with pytest.raises(SettingError, match=r"more than n_train \(600\)"):
+        settings(splits=3, extra_val=400)
+    with pytest.raises(SettingError, match="truncate must be <= inner_steps"):
+        settings(method="trhg", truncate=100, inner_steps=64)
+    settings(method="rhg", truncate=100, inner_steps=2)  # rhg does not read --truncate
 
 
-@needs_shared
-def test_cli_prints_scores_and_writes_json(tmp_path, capsys):
+def test_cli_prints_scores_and_writes_json(tmp_path, capsys, shared_data_root):
     args = ["hpo", "cleaning", "--dataset", "mnist", "--model", "sr", "--method", "oehg"]
     args += ["--splits", "2", "--n-train", "200", "--n-val", "100", "--n-test", "100"]
     args += ["--outer-steps", "3", "--extra-val", "20", "--retrain-steps", "3", "--seed", "1"]
-    args += ["--out", str(tmp_path), "--data-root", str(SHARED_DATA), "--device", "cpu"]
+    args += ["--out", str(tmp_path), "--data-root", str(shared_data_root), "--device", "cpu"]
     assert main(args) == 0
     out = capsys.readouterr().out
     saved = json.loads((tmp_path / "cleaning_mnist_sr_oehg_seed1.json").read_text())
@@ -163,7 +159,7 @@ def test_cli_rejects_bad_noise(tmp_path, capsys):
     args = ["hpo", "cleaning", "--dataset", "mnist", "--model", "sr", "--method", "oehg"]
     args += ["--noise", "1.0", "--out", str(tmp_path), "--data-root", str(tmp_path)]
     assert main(args) == 2
-    assert "--noise 1.0 must lie in [0, 1)" in capsys.readouterr().err
+    assert "--noise must be >= 0 and < 1, got 1.0" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -173,4 +169,5 @@ def test_cli_rejects_bad_noise(tmp_path, capsys):
 def test_default_budgets_give_every_method_oehgs_inner_steps(model, method, steps):
     # OEHG takes U = 5 split steps and one deployed-model step per outer step: 6 T inner steps;
     # RHG / T-RHG take K = 64 per outer step: ceil(6 * 1000 / 64) = 94, ceil(6 * 3000 / 64) = 282.
-    assert Settings(model=model, method=method).outer_step_count() == steps
+    budget = Settings(dataset="mnist", model=model, method=method, out="unused").budget()
+    assert budget.outer_steps == steps

@@ -1,43 +1,36 @@
-"""`fewshot hpo ...` sub-commands end to end on shipped data."""
+"""`fewshot hpo ...` end to end through `fewshot.cli.main`: outputs, --help, one-line refusals."""
 
 from __future__ import annotations
 
-import argparse
+import gzip
 import json
+import time
 
 import pytest
 
-from fewshot.errors import FewshotError
-from fewshot.hpo.cli import add_parser
+from fewshot.cli import main
+from fewshot.hpo.cli import COMMANDS
+from fewshot.hpo.splits import MAX_SPLITS
 
 
-def _run(argv: list[str]) -> None:
-    parser = argparse.ArgumentParser()
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["hpo", *argv])
-    args.func(args)
+def error_line(capsys, args: list[str]) -> str:
+    """Run the CLI, expect exit status 2 and exactly one line on stderr; return it."""
+    try:
+        code = main(args)
+    except SystemExit as e:  # argparse refuses malformed flag values itself
+        code = e.code
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert code == 2, err
+    assert len(err.splitlines()) == 1, err
+    assert "Traceback" not in captured.err
+    return err
 
 
 def test_regularization_prints_and_writes_the_same_numbers(tmp_path, capsys):
-    _run(
-        [
-            "regularization",
-            "--dataset",
-            "heart",
-            "--model",
-            "svm",
-            "--method",
-            "oehg",
-            "--seed",
-            "1",
-            "--out",
-            str(tmp_path),
-            "--outer-steps",
-            "40",
-            "--splits",
-            "3",
-        ]
-    )
+    args = ["hpo", "regularization", "--dataset", "heart", "--model", "svm", "--method", "oehg"]
+    args += ["--seed", "1", "--out", str(tmp_path), "--outer-steps", "40", "--splits", "3"]
+    assert main(args) == 0
     out = capsys.readouterr().out
     saved = json.loads((tmp_path / "heart_svm_oehg_seed1.json").read_text())
     assert f"test loss: {saved['test_loss']:.4f}" in out
@@ -47,24 +40,9 @@ def test_regularization_prints_and_writes_the_same_numbers(tmp_path, capsys):
 
 
 def test_regression_prints_no_accuracy(tmp_path, capsys):
-    _run(
-        [
-            "regularization",
-            "--dataset",
-            "pyrim",
-            "--model",
-            "lasso",
-            "--method",
-            "aid-cg",
-            "--per-parameter",
-            "--out",
-            str(tmp_path),
-            "--outer-steps",
-            "3",
-            "--inner-steps",
-            "8",
-        ]
-    )
+    args = ["hpo", "regularization", "--dataset", "pyrim", "--model", "lasso", "--method"]
+    args += ["aid-cg", "--per-parameter", "--out", str(tmp_path), "--outer-steps", "3"]
+    assert main([*args, "--inner-steps", "8"]) == 0
     out = capsys.readouterr().out
     assert "test loss:" in out and "accuracy" not in out
     saved = json.loads((tmp_path / "pyrim_lasso_aid-cg_pp_seed0.json").read_text())
@@ -72,7 +50,8 @@ def test_regression_prints_no_accuracy(tmp_path, capsys):
 
 
 def test_bias_variance_prints_table_and_saves_plot(tmp_path, capsys):
-    _run(["bias-variance", "--splits", "1,4", "--repeats", "30", "--out", str(tmp_path)])
+    args = ["hpo", "bias-variance", "--splits", "1,4", "--repeats", "30", "--out", str(tmp_path)]
+    assert main(args) == 0
     out = capsys.readouterr().out
     assert "var x U" in out and "bias^2" in out
     rows = json.loads((tmp_path / "bias_variance.json").read_text())["rows"]
@@ -80,29 +59,113 @@ def test_bias_variance_prints_table_and_saves_plot(tmp_path, capsys):
     assert (tmp_path / "bias_variance.png").stat().st_size > 0
 
 
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        (["bias-variance", "--splits", "1,x"], "comma-separated integers"),
-        (["bias-variance", "--splits", "0,2"], "at least 1"),
-        (
-            [
-                "regularization",
-                "--dataset",
-                "heart",
-                "--model",
-                "svm",
-                "--method",
-                "rhg",
-                "--out",
-                "unused",
-                "--outer-steps",
-                "0",
-            ],
-            "--outer-steps must be positive",
-        ),
-    ],
-)
-def test_bad_flags_raise_clear_errors(argv, message):
-    with pytest.raises(FewshotError, match=message):
-        _run(argv)
+@pytest.mark.parametrize("command", [c.path[1] for c in COMMANDS])
+def test_help_works_for_every_command(capsys, command):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["hpo", command, "--help"])
+    assert exit_info.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--seed" in text and "(default: 0)" in text
+
+
+REG = "hpo regularization --dataset heart --model logistic --method {method} --out {tmp}"
+CLEAN = "hpo cleaning --dataset mnist --model sr --method {method} --out {tmp} --data-root {tmp}"
+IMAGE = "hpo image-regularization --dataset mnist --model sr --method {method} --out {tmp}"
+BV = "hpo bias-variance --out {tmp}"
+# (command, extra words, text the one error line must contain)
+REFUSED = [
+    (REG.format(method="oehg", tmp="{tmp}"), "--seed -1", "--seed must be >= 0"),
+    (REG.format(method="oehg", tmp="{tmp}"), f"--seed {2**63}", "--seed must be >= 0 and <="),
+    (REG.format(method="trhg", tmp="{tmp}"), "--truncate -3", "--truncate must be >= 1"),
+    (REG.format(method="rhg", tmp="{tmp}"), "--outer-lr nan", "--outer-lr must be a finite"),
+    (REG.format(method="rhg", tmp="{tmp}"), "--init-lam inf", "--init-lam must be a finite"),
+    (REG.format(method="rhg", tmp="{tmp}"), "--init-lam 0", "--init-lam must be > 0"),
+    (REG.format(method="rhg", tmp="{tmp}"), "--gamma 1.5", "--gamma must be > 0 and < 1"),
+    (REG.format(method="rhg", tmp="{tmp}"), "--outer-steps 0", "--outer-steps must be >= 1"),
+    (REG.format(method="rhg", tmp="{tmp}"), "--inner-lr -1", "--inner-lr must be > 0"),
+    (
+        REG.format(method="trhg", tmp="{tmp}"),
+        "--truncate 5 --inner-steps 4",
+        "--truncate must be <=",
+    ),
+    (
+        REG.format(method="trhg", tmp="{tmp}"),
+        "--inner-steps 4",
+        '"truncate" must be <= inner_steps',
+    ),
+    (
+        REG.format(method="oehg", tmp="{tmp}"),
+        "--splits 1000000000",
+        f"--splits must be <= {MAX_SPLITS}",
+    ),
+    (REG.format(method="aid-cg", tmp="{tmp}").replace("logistic", "svm"), "", "--method aid-cg"),
+    (REG.format(method="rhg", tmp="{tmp}").replace("logistic", "ridge"), "", "--model ridge"),
+    (CLEAN.format(method="oehg", tmp="{tmp}"), "--seed -1", "--seed must be >= 0"),
+    (CLEAN.format(method="oehg", tmp="{tmp}"), "--noise 1.0", "--noise must be >= 0 and < 1"),
+    (CLEAN.format(method="rhg", tmp="{tmp}"), "--splits 3", "--splits applies to oehg only"),
+    (CLEAN.format(method="trhg", tmp="{tmp}"), "--inner-steps 2", '"truncate" must be <= inner'),
+    (
+        CLEAN.format(method="oehg", tmp="{tmp}"),
+        "--splits 30",
+        "--splits 30 needs 29 x extra_val (400)",
+    ),
+    (CLEAN.format(method="oehg", tmp="{tmp}"), "--threshold nan", "--threshold must be a finite"),
+    (IMAGE.format(method="oehg", tmp="{tmp}"), "--splits 0", "--splits must be >= 1"),
+    (IMAGE.format(method="oehg", tmp="{tmp}"), "--outer-lr inf", "--outer-lr must be a finite"),
+    (IMAGE.format(method="trhg", tmp="{tmp}"), "--truncate 200", "--truncate must be <= inner"),
+    (BV, "--splits 1,x", "--splits must be comma-separated integers"),
+    (BV, "--splits 0,2", "--splits values must lie in 1..231"),
+    (BV, "--splits 232", "--splits values must lie in 1..231"),
+    (BV, "--repeats 0", "--repeats must be >= 1"),
+    (BV, "--seed -5", "--seed must be >= 0"),
+]
+
+
+@pytest.mark.parametrize(("command", "extra", "message"), REFUSED, ids=[r[2] for r in REFUSED])
+def test_bad_settings_are_one_line_naming_the_flag(capsys, tmp_path, command, extra, message):
+    words = [w.replace("{tmp}", str(tmp_path)) for w in (command + " " + extra).split()]
+    start = time.perf_counter()
+    assert message in error_line(capsys, words)
+    assert time.perf_counter() - start < 5  # refused before any data is read or step is run
+    assert not any(tmp_path.glob("*.json"))
+
+
+def test_rhg_cleaning_does_not_check_the_truncation_it_does_not_use(capsys, tmp_path):
+    # --inner-steps 2 is below the default --truncate 16, which only T-RHG reads: the run goes on
+    # to read the data (absent from this empty data root) instead of refusing --truncate.
+    words = [*CLEAN.format(method="rhg", tmp=tmp_path).split(), "--inner-steps", "2"]
+    err = error_line(capsys, words)
+    assert "missing IDX file" in err and "truncate" not in err
+
+
+def test_impossible_split_count_is_refused_at_once(capsys, tmp_path):
+    # pyrim's 14 observed examples with 3 for validation have C(14, 3) = 364 distinct splits.
+    words = REG.format(method="oehg", tmp=tmp_path).replace("heart", "pyrim").split()
+    words = [w.replace("logistic", "ridge") for w in words] + ["--splits", "365"]
+    start = time.perf_counter()
+    assert "allow only 364 distinct splits" in error_line(capsys, words)
+    assert time.perf_counter() - start < 5
+
+
+def test_every_distinct_split_can_be_used(capsys, tmp_path):
+    words = REG.format(method="oehg", tmp=tmp_path).replace("heart", "pyrim").split()
+    words = [w.replace("logistic", "ridge") for w in words]
+    assert main([*words, "--splits", "364", "--outer-steps", "2"]) == 0
+    saved = json.loads((tmp_path / "pyrim_ridge_oehg_seed0.json").read_text())
+    assert saved["settings"]["splits"] == 364
+
+
+def test_corrupt_libsvm_files_are_one_line_naming_the_file(capsys, tmp_path):
+    folder = tmp_path / "libsvm" / "classification"
+    folder.mkdir(parents=True)
+    words = REG.format(method="rhg", tmp=tmp_path).replace("heart", "a9a").split()
+    words += ["--data-root", str(tmp_path)]
+    (folder / "a9a.t").write_text("+1 1:1\n-1 2:1\n")
+    lines = "".join(f"{(-1) ** i:+d} 1:{i / 7:.6f} 2:{i % 13}\n" for i in range(400))
+    packed = gzip.compress(lines.encode())
+    (folder / "a9a.gz").write_bytes(packed[: len(packed) // 2])
+    assert "a9a.gz: truncated file" in error_line(capsys, words)
+    (folder / "a9a.gz").unlink()
+    (folder / "a9a").write_text("+1 1:0.5\n-1 1:0.25 2:oops\n")
+    err = error_line(capsys, words)
+    assert "a9a:2:" in err and "'2:oops'" in err

@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from sklearn.svm import SVC
 
-from fewshot.hpo.ground_truth import (
+from fewshot.datasets.libsvm import load_dataset
+from fewshot.hpo.tasks.ground_truth import (
     ground_truth_path,
     lasso_hypergradient,
     lasso_solution,
     svm_hypergradient,
     svm_solution,
 )
-from fewshot.hpo.libsvm import load_dataset
 
 
 @pytest.fixture(scope="module")

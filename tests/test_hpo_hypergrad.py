@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fewshot.hpo.batches import Minibatches
 from fewshot.hpo.hypergrad import Bilevel, aid_cg, aid_fp, rhg, trhg
-from fewshot.hpo.ridge import (
+from fewshot.hpo.tasks.ridge import (
     ridge_hypergradient,
     ridge_inner_loss,
     ridge_outer_loss,
@@ -128,3 +129,14 @@ def test_trhg_rejects_truncation_longer_than_the_run(ridge_data):
     problem, train, val = ridge_data
     with pytest.raises(ValueError, match="truncate"):
         trhg(problem, torch.zeros(5, dtype=torch.float64), torch.tensor(LAM), train, val, 3, 4)
+
+
+def test_full_size_minibatches_are_plain_full_batch_descent(ridge_data):
+    """Minibatches of the whole set are the fixed data (stored column-major: equal to rounding)."""
+    problem, train, val = ridge_data
+    lam = torch.tensor(LAM, dtype=torch.float64)
+    theta0 = torch.zeros(5, dtype=torch.float64)
+    fixed = aid_cg(problem, theta0, lam, train, val, 30, 5)
+    drawn = aid_cg(problem, theta0, lam, Minibatches(train, 40), Minibatches(val, 20), 30, 5)
+    assert torch.allclose(fixed.grad, drawn.grad, rtol=1e-12, atol=0)
+    assert torch.allclose(fixed.theta, drawn.theta, rtol=1e-12, atol=0)

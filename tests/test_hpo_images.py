@@ -16,26 +16,17 @@ import torch
 from PIL import Image
 
 from fewshot.cli import main
+from fewshot.datasets.idx import read_idx
 from fewshot.errors import FewshotError
-from fewshot.hpo.image_regularization import Settings as RegularizationSettings
-from fewshot.hpo.image_regularization import (
+from fewshot.hpo.tasks.classifiers import classifier_logits, classifier_scores, init_classifier
+from fewshot.hpo.tasks.image_data import flat_pixels, load_image_dataset
+from fewshot.hpo.tasks.image_regularization import Settings as RegularizationSettings
+from fewshot.hpo.tasks.image_regularization import (
     draw_observed_data,
     regularization_problem,
     run_image_regularization,
 )
-from fewshot.hpo.images import (
-    MinibatchStream,
-    classifier_logits,
-    flat_pixels,
-    init_classifier,
-    load_image_dataset,
-    read_idx,
-)
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-needs_shared = pytest.mark.skipif(
-    not (SHARED_DATA / "mnist").is_dir(), reason="shared data folder not present"
-)
 # Canonical MNIST class counts (LeCun et al.), train and t10k.
 MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
 MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
@@ -61,10 +52,9 @@ def write_mnist(folder: Path, n: int, compress: bool, seed: int = 0) -> tuple[np
     return images, labels
 
 
-@needs_shared
-def test_real_mnist_matches_canonical_facts():
-    train = load_image_dataset("mnist", "train", SHARED_DATA)
-    test = load_image_dataset("mnist", "test", SHARED_DATA)
+def test_real_mnist_matches_canonical_facts(shared_data_root):
+    train = load_image_dataset("mnist", "train", shared_data_root)
+    test = load_image_dataset("mnist", "test", shared_data_root)
     assert tuple(train.images.shape) == (60000, 1, 28, 28)
     assert tuple(test.images.shape) == (10000, 1, 28, 28)
     assert train.labels[:5].tolist() == [5, 0, 4, 1, 9]
@@ -74,12 +64,11 @@ def test_real_mnist_matches_canonical_facts():
     assert train.mean[0] == pytest.approx(0.1307, abs=1e-4)
 
 
-@needs_shared
-def test_real_fashion_mnist_and_cifar10_counts():
-    fashion = load_image_dataset("fashion-mnist", "test", SHARED_DATA)
+def test_real_fashion_mnist_and_cifar10_counts(shared_data_root):
+    fashion = load_image_dataset("fashion-mnist", "test", shared_data_root)
     assert tuple(fashion.images.shape) == (10000, 1, 28, 28)
     assert fashion.labels.bincount().tolist() == [1000] * 10
-    cifar = load_image_dataset("cifar10", "test", SHARED_DATA)
+    cifar = load_image_dataset("cifar10", "test", shared_data_root)
     assert tuple(cifar.images.shape) == (10000, 3, 32, 32)
     assert cifar.labels.bincount().tolist() == [1000] * 10
     assert cifar.class_names[0] == "airplane" and cifar.class_names[9] == "truck"
@@ -206,18 +195,13 @@ def test_classifiers_shapes_and_parameter_counts():
         init_classifier("cnn", 784, 10, seed=0)
 
 
-def test_minibatch_stream_covers_each_example_once_per_epoch():
-    x, y = torch.arange(10.0)[:, None], torch.arange(10)
-    stream = MinibatchStream(x, y, batch=5, seed=0)
-    epoch = torch.cat([stream.next()[1] for _ in range(2)])
-    assert sorted(epoch.tolist()) == list(range(10))
-    again = MinibatchStream(x, y, batch=5, seed=0)
-    assert torch.equal(again.next()[1], epoch[:5])  # seeded
-    ids = torch.arange(100, 110)
-    xb, yb, ib = MinibatchStream(x, y, batch=3, seed=1, ids=ids).next()
-    assert torch.equal(ib, ids[yb]) and torch.equal(xb[:, 0], yb.float())  # rows stay aligned
-    full = MinibatchStream(x, y, batch=10, seed=0).next()
-    assert torch.equal(full[0], x) and torch.equal(full[2], y)  # full batch: all, in order
+def test_classifier_scores_count_argmax_hits():
+    theta = {"w": torch.eye(3), "b": torch.zeros(3)}
+    x = torch.tensor([[1.0, 0, 0], [0, 2.0, 0], [0, 0, 3.0], [5.0, 0, 0]])
+    accuracy, loss = classifier_scores(theta, x, torch.tensor([0, 1, 0, 0]))
+    assert accuracy == 75.0
+    log_probs = x - x.logsumexp(1, keepdim=True)
+    assert loss == pytest.approx(float(-log_probs[torch.arange(4), [0, 1, 0, 0]].mean()))
 
 
 def test_regularization_losses_match_hand_computation():
@@ -226,7 +210,8 @@ def test_regularization_losses_match_hand_computation():
     theta = {"w": torch.randn(4, 3, generator=gen), "b": torch.randn(3, generator=gen)}
     rho = {"w": torch.randn(4, 3, generator=gen), "b": torch.randn(3, generator=gen)}
     problem = regularization_problem(0.1)
-    inner = problem.inner_loss(theta, rho, MinibatchStream(x, y, batch=6, seed=0))
+    inner = problem.inner_loss(theta, rho, (x, y))
+    assert torch.equal(inner, problem.inner_loss(theta, rho, (x, y)))  # pure: same batch, same
     logits = x @ theta["w"] + theta["b"]
     log_probs = logits - logits.logsumexp(1, keepdim=True)
     ce = -log_probs[torch.arange(6), y].mean()
@@ -235,24 +220,30 @@ def test_regularization_losses_match_hand_computation():
     assert torch.allclose(problem.outer_loss(theta, rho, (x, y)), ce)
 
 
-@needs_shared
-@pytest.mark.parametrize("method", ["oehg", "rhg", "trhg"])
-def test_short_image_regularization_run_learns(method):
-    data = draw_observed_data("mnist", seed=0, data_root=SHARED_DATA, n_observed=1000, n_test=500)
+@pytest.mark.parametrize("method", ["oehg", "rhg", "trhg", "aid-cg"])
+def test_short_image_regularization_run_learns(shared_data_root, method):
+    data = draw_observed_data("mnist", 0, shared_data_root, n_observed=1000, n_test=500)
     settings = RegularizationSettings(
-        method=method, outer_steps=30 if method == "oehg" else 3, inner_steps=16, truncate=4
+        dataset="mnist",
+        model="sr",
+        method=method,
+        out="unused",
+        device="cpu",
+        outer_steps=30 if method == "oehg" else 3,
+        inner_steps=16,
+        truncate=4,
     )
     result = run_image_regularization(settings, data)
     assert result.outer_losses[-1] < 0.8 * math.log(10)  # well below chance-level cross-entropy
     assert result.test_accuracy > 60
     assert set(result.mean_log_lam) == {"w", "b"}
+    assert run_image_regularization(settings, data).outer_losses == result.outer_losses
 
 
-@needs_shared
-def test_image_regularization_cli(tmp_path, capsys):
+def test_image_regularization_cli(tmp_path, capsys, shared_data_root):
     args = ["hpo", "image-regularization", "--dataset", "mnist", "--model", "sr"]
     args += ["--method", "oehg", "--splits", "2", "--outer-steps", "2", "--seed", "4"]
-    args += ["--out", str(tmp_path), "--data-root", str(SHARED_DATA), "--device", "cpu"]
+    args += ["--out", str(tmp_path), "--data-root", str(shared_data_root), "--device", "cpu"]
     assert main(args) == 0
     saved = json.loads((tmp_path / "imgreg_mnist_sr_oehg_seed4.json").read_text())
     out = capsys.readouterr().out
@@ -260,4 +251,42 @@ def test_image_regularization_cli(tmp_path, capsys):
     assert f"test loss: {saved['test_loss']:.4f}" in out
     args[args.index("--splits") + 1] = "0"
     assert main(args) == 2
-    assert "--splits must be positive" in capsys.readouterr().err
+    assert "--splits must be >= 1, got 0" in capsys.readouterr().err
+
+
+def _one_line_error(capsys, args: list[str]) -> str:
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    return err
+
+
+def test_corrupt_idx_and_jpeg_files_are_one_line_naming_the_file(tmp_path, capsys):
+    args = ["hpo", "image-regularization", "--model", "sr", "--method", "oehg"]
+    args += ["--out", str(tmp_path / "out"), "--data-root", str(tmp_path), "--device", "cpu"]
+    write_mnist(tmp_path / "mnist", 4, compress=True)
+    images = tmp_path / "mnist" / "train-images-idx3-ubyte.gz"
+    images.write_bytes(images.read_bytes()[:-20])  # truncated gzip stream
+    err = _one_line_error(capsys, [*args, "--dataset", "mnist"])
+    assert f"corrupt IDX file {images}" in err
+    _write_tar(
+        tmp_path / "cifar10_jpeg" / "train.tar.gz",
+        {
+            "c/train/cat/0000.jpg": _jpeg((10, 20, 30)),
+            "c/train/cat/0001.jpg": _jpeg((10, 20, 30))[:200],  # cut short
+        },
+    )
+    err = _one_line_error(capsys, [*args, "--dataset", "cifar10"])
+    assert "train.tar.gz: cannot decode c/train/cat/0001.jpg" in err
+    _write_tar(tmp_path / "cifar10_jpeg" / "train.tar.gz", {"c/train/cat/0.jpg": b"not a jpeg"})
+    assert "cannot decode c/train/cat/0.jpg" in _one_line_error(
+        capsys, [*args, "--dataset", "cifar10"]
+    )
+
+
+def test_a_label_outside_the_classes_is_named_with_its_row(tmp_path):
+    write_mnist(tmp_path / "mnist", 5, compress=False)
+    labels = np.array([1, 2, 3, 12, 4], np.uint8)
+    write_idx(tmp_path / "mnist" / "train-labels-idx1-ubyte", labels, False)
+    with pytest.raises(FewshotError, match=r"label 12 at row 3 outside 0..9"):
+        load_image_dataset("mnist", "train", tmp_path)

@@ -7,8 +7,8 @@ import gzip
 import numpy as np
 import pytest
 
+from fewshot.datasets.libsvm import DATASETS, find_file, load_dataset, read_libsvm
 from fewshot.errors import FewshotError
-from fewshot.hpo.libsvm import DATASETS, find_file, load_dataset, read_libsvm
 
 
 @pytest.mark.parametrize(
@@ -79,3 +79,15 @@ def test_missing_file_and_unknown_dataset_errors(tmp_path):
         load_dataset("a9a", seed=0, data_root=tmp_path)
     with pytest.raises(FewshotError, match="unknown --dataset 'nope'"):
         load_dataset("nope", seed=0)
+
+
+def test_truncated_gzip_file_is_named(tmp_path):
+    path = tmp_path / "cut.gz"
+    lines = "".join(f"{(-1) ** i:+d} 1:{i / 3:.5f} 2:{i % 7}\n" for i in range(300))
+    packed = gzip.compress(lines.encode())
+    path.write_bytes(packed[: len(packed) // 2])
+    with pytest.raises(FewshotError, match=r"cut.gz: truncated file"):
+        read_libsvm(path)
+    path.write_bytes(b"plain text, not gzip")
+    with pytest.raises(FewshotError, match=r"cannot read LIBSVM file .*cut.gz"):
+        read_libsvm(path)

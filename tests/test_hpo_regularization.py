@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import cvxpy as cp
 import numpy as np
@@ -10,16 +11,17 @@ import pytest
 import torch
 from sklearn.linear_model import LogisticRegression, Ridge
 
+from fewshot.datasets.libsvm import load_dataset
 from fewshot.errors import FewshotError
 from fewshot.hpo.hypergrad import rhg
-from fewshot.hpo.libsvm import load_dataset
-from fewshot.hpo.regularization import (
+from fewshot.hpo.tasks.regularization import (
     Settings,
     default_inner_lr,
-    evaluate,
+    linear_scores,
     make_problem,
     run,
 )
+from fewshot.settings import SettingError
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +107,7 @@ def test_evaluate_counts_signs_against_labels():
     theta = {"w": torch.tensor([1.0, 0.0], dtype=torch.float64), "b": torch.tensor(0.0)}
     x = torch.tensor([[2.0, 0.0], [-1.0, 5.0], [0.5, 0.0], [-3.0, 1.0]], dtype=torch.float64)
     y = torch.tensor([1.0, -1.0, -1.0, 1.0], dtype=torch.float64)
-    loss, accuracy = evaluate("svm", theta, (x, y))
+    loss, accuracy = linear_scores("svm", theta, (x, y))
     assert accuracy == 50.0
     assert loss == pytest.approx((0 + 0 + 1.5 + 4) / 4)
 
@@ -113,8 +115,10 @@ def test_evaluate_counts_signs_against_labels():
 @pytest.mark.parametrize("method", ["rhg", "trhg", "aid-fp", "aid-cg", "oehg"])
 def test_short_runs_are_seeded_and_report_the_deployed_model(heart, method):
     settings = Settings(
+        dataset="heart",
         model="logistic",
         method=method,
+        out="unused",
         outer_steps=8,
         inner_steps=16,
         truncate=4,
@@ -131,17 +135,31 @@ def test_short_runs_are_seeded_and_report_the_deployed_model(heart, method):
 
 def test_oehg_improves_on_its_initial_model(heart):
     """Hundreds of OEHG steps must beat the zero model (test loss log 2) by a clear margin."""
-    result = run(heart, Settings(model="logistic", method="oehg", outer_steps=300))
+    settings = Settings(dataset="heart", model="logistic", method="oehg", out="unused")
+    result = run(heart, replace(settings, outer_steps=300))
     assert result.test_loss < 0.8 * math.log(2.0)
     assert result.test_accuracy > 75.0
 
 
 def test_user_errors(heart):
-    with pytest.raises(FewshotError, match="--model ridge does not fit"):
-        run(heart, Settings(model="ridge", method="rhg"))
-    with pytest.raises(FewshotError, match="unknown --method 'bogus'"):
-        run(heart, Settings(model="svm", method="bogus"))
-    with pytest.raises(FewshotError, match=r"--gamma 1\.5"):
-        run(heart, Settings(model="svm", method="rhg", gamma=1.5))
-    with pytest.raises(FewshotError, match="--splits 200000"):
-        run(load_dataset("pyrim", 0), Settings(model="ridge", method="oehg", splits=200000))
+    base = {"dataset": "heart", "out": "unused"}
+    with pytest.raises(SettingError, match="ridge does not fit heart"):
+        Settings(**base, model="ridge", method="rhg")
+    with pytest.raises(SettingError, match="method must be one of"):
+        Settings(**base, model="svm", method="bogus")
+    with pytest.raises(SettingError, match=r"gamma must be > 0 and < 1, got 1\.5"):
+        Settings(**base, model="svm", method="rhg", gamma=1.5)
+    with pytest.raises(SettingError, match="aid-cg cannot learn the svm"):
+        Settings(**base, model="svm", method="aid-cg")
+    pyrim = Settings(dataset="pyrim", out="unused", model="ridge", method="oehg", splits=365)
+    with pytest.raises(FewshotError, match=r"--splits 365: .* only 364 distinct splits"):
+        run(load_dataset("pyrim", 0), pyrim)
+    with pytest.raises(FewshotError, match="the data is heart, but the settings name pyrim"):
+        run(heart, pyrim)
+
+
+def test_truncation_is_checked_for_trhg_only():
+    base = {"dataset": "heart", "out": "unused", "model": "svm", "inner_steps": 8}
+    Settings(**base, method="rhg", truncate=32)  # rhg does not use --truncate
+    with pytest.raises(SettingError, match=r"truncate must be <= inner_steps \(8\), got 32"):
+        Settings(**base, method="trhg", truncate=32)

@@ -1,107 +1,55 @@
-"""Data re-splits, EHG (paper Algorithm 3) and OEHG (Algorithm 4, Eq. 53-1..3).
+"""EHG (paper Algorithm 3) and OEHG (Algorithm 4, Eq. 53-1..3) over train/validation splits.
 
-- `make_splits(n, gamma, count, seed)`: `count` distinct train/validation splits of n observed
-  examples, validation share gamma, drawn without replacement among the C(n, n_val) splits.
-- `ehg(estimator, problem, theta0, lam, split_data)`: any estimator from `fewshot.hpo.hypergrad`
-  (e.g. `functools.partial(rhg, steps=128)`) averaged over splits given as (train, val) data pairs.
-- `optimize_offline(...)`: Algorithms 1-3, T outer Adam steps on lam with an EHG estimate each.
-- `oehg(...)`: Algorithm 4. U inner models advance `inner_steps` SGD steps per outer step, lam takes
-  one Adam step with their averaged hypergradient, and the deployed model takes a step with the new
-  lam. The splits may be fixed data or a callable `(t, theta) -> [(train, val), ...]`, so a task can
-  rebuild them as training goes (e.g. hyper-cleaning growing its validation sets).
+- `ehg(estimator, problem, theta0, lam, split_data, gens)`: any estimator from
+  `fewshot.hpo.hypergrad` (e.g. `functools.partial(rhg, steps=128)`) averaged over splits given
+  as (train, val) data pairs.
+- `optimize_offline(...)`: Algorithms 1-3, T outer steps on lam with an EHG estimate each.
+- `oehg(...)`: Algorithm 4. U inner models advance `inner_steps` SGD steps per outer step, lam
+  takes one outer step with their averaged hypergradient, and the deployed model takes a step
+  with the new lam. The splits may be fixed data or a callable `(t, theta) -> [(train, val), ...]`,
+  so a task can rebuild them as training goes (e.g. hyper-cleaning growing its validation sets).
+
+The outer optimiser is a `torch.optim` optimiser over the leaves of lam (Adam by default), fed
+with the computed hypergradients. Mini-batched data is drawn with one generator per split and
+one for the deployed model, all derived from `seed` (`fewshot.hpo.batches.generators`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from fewshot.errors import FewshotError
+from fewshot.hpo.batches import generators
 from fewshot.hpo.hypergrad import Bilevel, Hypergradient, rhg
-from fewshot.hpo.trees import Tree, tree_detach, tree_mean
+from fewshot.hpo.trees import Tree, tree_detach, tree_flatten, tree_mean
 
-Estimator = Callable[[Bilevel, Tree, Tree, Any, Any], Hypergradient]
+Estimator = Callable[..., Hypergradient]  # (problem, theta0, lam, train, val, gen=...)
 SplitData = Sequence[tuple[Any, Any]]  # [(train_data, val_data), ...], one pair per split
 StepCallback = Callable[[int, Tree, Tree], None]  # (outer step, lam, deployed theta)
-
-
-@dataclass(frozen=True)
-class Split:
-    """Index arrays of one train/validation split of the observed examples."""
-
-    train: np.ndarray
-    val: np.ndarray
-
-
-def validation_size(n: int, gamma: float) -> int:
-    """The number of validation examples for validation share gamma in (0, 1)."""
-    if not 0.0 < gamma < 1.0:
-        raise FewshotError(f"--gamma {gamma} must lie strictly between 0 and 1")
-    n_val = round(gamma * n)
-    if not 1 <= n_val <= n - 1:
-        raise FewshotError(
-            f"--gamma {gamma} leaves an empty train or validation set of {n} examples"
-        )
-    return n_val
-
-
-def make_splits(n: int, gamma: float, count: int, seed: int) -> list[Split]:
-    """`count` distinct seeded splits of range(n), validation share gamma, without replacement."""
-    n_val = validation_size(n, gamma)
-    distinct = math.comb(n, n_val)
-    if count < 1 or count > distinct:
-        raise FewshotError(
-            f"--splits {count}: {n} examples with {n_val} for validation allow only {distinct} "
-            f"distinct splits; use 1..{distinct}"
-        )
-    rng = np.random.default_rng(seed)
-    if distinct <= 4 * count:  # rejection would stall: draw among all splits directly
-        chosen = rng.choice(distinct, size=count, replace=False)
-        val_sets = [_combination(n, n_val, int(r)) for r in chosen]
-    else:
-        seen: set[tuple[int, ...]] = set()
-        val_sets = []
-        while len(val_sets) < count:
-            val = tuple(sorted(rng.choice(n, size=n_val, replace=False).tolist()))
-            if val not in seen:
-                seen.add(val)
-                val_sets.append(val)
-    splits = []
-    for val in val_sets:
-        mask = np.zeros(n, dtype=bool)
-        mask[list(val)] = True
-        splits.append(Split(train=np.flatnonzero(~mask), val=np.flatnonzero(mask)))
-    return splits
-
-
-def _combination(n: int, k: int, rank: int) -> tuple[int, ...]:
-    """The `rank`-th k-subset of range(n) in lexicographic order."""
-    chosen = []
-    start = 0
-    for remaining in range(k, 0, -1):
-        for item in range(start, n):
-            block = math.comb(n - item - 1, remaining - 1)
-            if rank < block:
-                chosen.append(item)
-                start = item + 1
-                break
-            rank -= block
-    return tuple(chosen)
+OuterOptimizer = Callable[[list[torch.Tensor]], torch.optim.Optimizer]
 
 
 def ehg(
-    estimator: Estimator, problem: Bilevel, theta0: Tree, lam: Tree, split_data: SplitData
+    estimator: Estimator,
+    problem: Bilevel,
+    theta0: Tree,
+    lam: Tree,
+    split_data: SplitData,
+    gens: Sequence[torch.Generator | None] | None = None,
 ) -> Hypergradient:
     """The ensemble hypergradient: the mean estimate over splits; `theta` is the per-split list."""
     if not split_data:
         raise ValueError("ehg needs at least one split")
-    results = [estimator(problem, theta0, lam, train, val) for train, val in split_data]
+    gens = gens or [None] * len(split_data)
+    results = [
+        estimator(problem, theta0, lam, train, val, gen=gen)
+        for (train, val), gen in zip(split_data, gens, strict=True)
+    ]
     return Hypergradient(
         grad=tree_mean([r.grad for r in results]),
         theta=[r.theta for r in results],
@@ -109,24 +57,37 @@ def ehg(
     )
 
 
-class TreeAdam:
-    """Adam on the leaves of a hyperparameter pytree, fed with externally computed gradients."""
+class OuterStep:
+    """A torch.optim optimiser over detached copies of lam's leaves, stepped with given grads."""
 
-    def __init__(self, lam: Tree, lr: float) -> None:
-        leaves, self._spec = tree_flatten(tree_detach(lam))
+    def __init__(self, lam0: Tree, make: OuterOptimizer) -> None:
+        leaves, self._rebuild = tree_flatten(tree_detach(lam0))
         self._leaves = [leaf.clone().requires_grad_() for leaf in leaves]
-        self._opt = torch.optim.Adam(self._leaves, lr=lr)
+        self.optimizer = make(self._leaves)
 
-    def step(self, grad: Tree) -> Tree:
-        """Apply one Adam step with `grad` and return the new hyperparameters (detached)."""
-        for leaf, g in zip(self._leaves, tree_flatten(grad)[0], strict=True):
+    def __call__(self, grad: Tree, t: int) -> Tree:
+        """Outer step `t` with `grad`; the new lam (detached copies). A non-finite hypergradient
+        is a FewshotError: it would turn lam, and every later number, into NaN."""
+        grads = tree_flatten(grad)[0]
+        if not all(bool(torch.isfinite(g).all()) for g in grads):
+            raise FewshotError(
+                f"the hypergradient of outer step {t + 1} is not finite: the inner problem "
+                "diverged or its linear system is singular (AID-CG on a loss without curvature); "
+                "try a smaller --inner-lr or --outer-lr, or another --method"
+            )
+        for leaf, g in zip(self._leaves, grads, strict=True):
             leaf.grad = g.detach().to(leaf.dtype)
-        self._opt.step()
+        self.optimizer.step()
         return self.value()
 
     def value(self) -> Tree:
-        """The current hyperparameters as a detached pytree."""
-        return tree_unflatten([leaf.detach().clone() for leaf in self._leaves], self._spec)
+        """The current lam as detached copies."""
+        return self._rebuild([leaf.detach().clone() for leaf in self._leaves])
+
+
+def adam(lr: float) -> OuterOptimizer:
+    """The default outer optimiser: torch.optim.Adam with learning rate `lr`."""
+    return lambda params: torch.optim.Adam(params, lr=lr)
 
 
 @dataclass(frozen=True)
@@ -148,22 +109,27 @@ def optimize_offline(
     outer_lr: float,
     inner_steps: int,
     on_step: StepCallback | None = None,
+    seed: int = 0,
+    deploy_data: Any = None,
+    outer_optimizer: OuterOptimizer | None = None,
 ) -> HpoResult:
     """Algorithms 1-3: each outer step re-trains from theta0 on every split and averages (EHG).
 
-    The deployed model is theta0 trained `inner_steps` steps on the first split's training data
-    with the current lam (what the paper evaluates for RHG/AID).
+    The deployed model is theta0 trained `inner_steps` steps with the final lam on `deploy_data`
+    (default: the first split's training data), what the paper evaluates for RHG/AID.
     """
-    adam = TreeAdam(lam0, outer_lr)
-    lam = adam.value()
+    step = OuterStep(lam0, outer_optimizer or adam(outer_lr))
+    deploy_gen, *gens = generators(seed, len(split_data) + 1)
+    lam = step.value()
     losses = []
     for t in range(outer_steps):
-        h = ehg(estimator, problem, theta0, lam, split_data)
+        h = ehg(estimator, problem, theta0, lam, split_data, gens)
         losses.append(h.outer_loss)
-        lam = adam.step(h.grad)
+        lam = step(h.grad, t)
         if on_step is not None:
             on_step(t, lam, h.theta[0])
-    theta = problem.descend(theta0, lam, split_data[0][0], inner_steps)
+    deploy = split_data[0][0] if deploy_data is None else deploy_data
+    theta = problem.descend(theta0, lam, deploy, inner_steps, deploy_gen)
     return HpoResult(lam, theta, losses)
 
 
@@ -177,33 +143,37 @@ def oehg(
     outer_lr: float,
     inner_steps: int = 1,
     on_step: StepCallback | None = None,
+    seed: int = 0,
+    outer_optimizer: OuterOptimizer | None = None,
 ) -> HpoResult:
-    """Algorithm 4 (OEHG): online ensemble hypergradient descent on lam with Adam.
+    """Algorithm 4 (OEHG): online ensemble hypergradient descent on lam (Adam by default).
 
     Per outer step t: every split's inner model advances `inner_steps` SGD steps from where it was
-    (Eq. 53-1) and yields the hypergradient through those steps; lam takes an Adam step with their
-    mean (Eq. 53-2); the deployed model takes `inner_steps` steps on `deploy_data` with the new lam
-    (Eq. 53-3). `splits` may be a callable (t, deployed theta) -> [(train, val), ...].
+    (Eq. 53-1) and yields the hypergradient through those steps; lam takes an outer step with
+    their mean (Eq. 53-2); the deployed model takes `inner_steps` steps on `deploy_data` with the
+    new lam (Eq. 53-3). `splits` may be a callable (t, deployed theta) -> [(train, val), ...].
     """
-    adam = TreeAdam(lam0, outer_lr)
-    lam = adam.value()
+    step = OuterStep(lam0, outer_optimizer or adam(outer_lr))
+    lam = step.value()
     theta = tree_detach(theta0)
     inner_thetas: list[Tree] | None = None
+    gens: list[torch.Generator] = []
     losses = []
     for t in range(outer_steps):
         split_data = splits(t, theta) if callable(splits) else splits
         if inner_thetas is None:
             inner_thetas = [theta for _ in split_data]
+            deploy_gen, *gens = generators(seed, len(split_data) + 1)
         if len(inner_thetas) != len(split_data):
             raise ValueError(f"step {t}: {len(split_data)} splits, but {len(inner_thetas)} models")
         results = [
-            rhg(problem, theta_i, lam, train, val, inner_steps)
-            for theta_i, (train, val) in zip(inner_thetas, split_data, strict=True)
+            rhg(problem, theta_i, lam, train, val, inner_steps, gen=gen)
+            for theta_i, (train, val), gen in zip(inner_thetas, split_data, gens, strict=True)
         ]
         inner_thetas = [r.theta for r in results]
         losses.append(float(np.mean([r.outer_loss for r in results])))
-        lam = adam.step(tree_mean([r.grad for r in results]))
-        theta = problem.descend(theta, lam, deploy_data, inner_steps)
+        lam = step(tree_mean([r.grad for r in results]), t)
+        theta = problem.descend(theta, lam, deploy_data, inner_steps, deploy_gen)
         if on_step is not None:
             on_step(t, lam, theta)
     return HpoResult(lam, theta, losses)

@@ -1,11 +1,15 @@
 """Hypergradient estimators RHG, T-RHG, AID-FP and AID-CG (paper Algorithms 1 and 2).
 
-A bilevel problem is given as two pure functions of (theta, lam, data), where `theta` (model
-parameters) and `lam` (hyperparameters) are any pytrees of tensors and `data` is whatever the loss
-needs (a tuple of tensors, usually):
+A bilevel problem is given as two pure functions of (theta, lam, batch), where `theta` (model
+parameters) and `lam` (hyperparameters) are trees of tensors (`fewshot.hpo.trees`) and `batch`
+is whatever the loss needs (a tuple of tensors, usually):
 
-    inner_loss(theta, lam, train_data) -> scalar   # R^tr: what the inner SGD minimises over theta
-    outer_loss(theta, lam, val_data)   -> scalar   # R^val: what lam should minimise
+    inner_loss(theta, lam, train_batch) -> scalar   # R^tr: what the inner SGD minimises over theta
+    outer_loss(theta, lam, val_batch)   -> scalar   # R^val: what lam should minimise
+
+The estimators take the training and validation data of a split: fixed data (full batch), or
+`fewshot.hpo.batches.Minibatches`, from which they draw every step's batch with the generator
+`gen` they are given. The losses only see the batches, so calling one twice changes nothing.
 
 Every estimator runs `steps` inner gradient-descent steps theta_{k+1} = theta_k - lr grad R^tr
 from `theta0` and returns a `Hypergradient`: the estimate of d R^val(theta_K(lam), lam) / d lam
@@ -18,8 +22,8 @@ from `theta0` and returns a `Hypergradient`: the estimate of d R^val(theta_K(lam
   hypergradient = grad_lam R^val - (d^2 R^tr / d lam d theta) v.
 
 Nothing is global: the functions only read their arguments (they differentiate with
-torch.autograd on detached copies), so they compose freely with loops over data splits (see
-`fewshot.hpo.ensemble` for EHG and OEHG).
+torch.autograd on detached copies) and advance the generator they are given, so they compose
+freely with loops over data splits (see `fewshot.hpo.ensemble` for EHG and OEHG).
 """
 
 from __future__ import annotations
@@ -29,11 +33,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 
-from fewshot.hpo.trees import Tree, tree_add, tree_detach, tree_dot, tree_zeros_like
+from fewshot.hpo.batches import draw
+from fewshot.hpo.trees import (
+    Tree,
+    tree_add,
+    tree_detach,
+    tree_dot,
+    tree_flatten,
+    tree_map,
+    tree_zeros_like,
+)
 
 Loss = Callable[[Tree, Tree, Any], torch.Tensor]
+Generator = torch.Generator | None
 
 
 def _with_grad(tree: Tree) -> Tree:
@@ -48,11 +61,11 @@ def _grad(
     create_graph: bool = False,
     retain_graph: bool | None = None,
 ) -> Tree:
-    """d output / d wrt as a pytree shaped like `wrt` (zeros where output does not depend on it).
+    """d output / d wrt as a tree shaped like `wrt` (zeros where output does not depend on it).
 
-    `output` may be a pytree too, contracted with the matching `grad_outputs` (a VJP).
+    `output` may be a tree too, contracted with the matching `grad_outputs` (a VJP).
     """
-    leaves, spec = tree_flatten(wrt)
+    leaves, rebuild = tree_flatten(wrt)
     cotangents = None if grad_outputs is None else tree_flatten(grad_outputs)[0]
     grads = torch.autograd.grad(
         tree_flatten(output)[0],
@@ -62,8 +75,8 @@ def _grad(
         retain_graph=retain_graph,
         allow_unused=True,
     )
-    return tree_unflatten(
-        [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads, strict=True)], spec
+    return rebuild(
+        [torch.zeros_like(x) if g is None else g for x, g in zip(leaves, grads, strict=True)]
     )
 
 
@@ -79,12 +92,12 @@ class Bilevel:
     outer_loss: Loss
     inner_lr: float | Callable[[Tree], float | torch.Tensor]
 
-    def step(self, theta: Tree, lam: Tree, data: Any, create_graph: bool = False) -> Tree:
-        """One inner step theta - lr grad_theta R^tr; differentiable in (theta, lam) if asked."""
+    def step(self, theta: Tree, lam: Tree, batch: Any, create_graph: bool = False) -> Tree:
+        """One inner step theta - lr grad_theta R^tr on `batch`; differentiable if asked."""
         with torch.enable_grad():
             if not create_graph:
                 theta, lam = _with_grad(theta), tree_detach(lam)
-            g = _grad(self.inner_loss(theta, lam, data), theta, create_graph=create_graph)
+            g = _grad(self.inner_loss(theta, lam, batch), theta, create_graph=create_graph)
             new = tree_add(theta, g, -self.lr(lam))
         return new if create_graph else tree_detach(new)
 
@@ -92,11 +105,11 @@ class Bilevel:
         """The inner step size at `lam`."""
         return self.inner_lr(lam) if callable(self.inner_lr) else self.inner_lr
 
-    def descend(self, theta: Tree, lam: Tree, data: Any, steps: int) -> Tree:
-        """theta after `steps` inner gradient-descent steps (detached)."""
+    def descend(self, theta: Tree, lam: Tree, data: Any, steps: int, gen: Generator = None) -> Tree:
+        """theta after `steps` inner gradient-descent steps (detached), a batch drawn each."""
         theta = tree_detach(theta)
         for _ in range(steps):
-            theta = self.step(theta, lam, data)
+            theta = self.step(theta, lam, draw(data, gen))
         return theta
 
 
@@ -110,27 +123,40 @@ class Hypergradient:
 
 
 def trhg(
-    problem: Bilevel, theta0: Tree, lam: Tree, train: Any, val: Any, steps: int, truncate: int
+    problem: Bilevel,
+    theta0: Tree,
+    lam: Tree,
+    train: Any,
+    val: Any,
+    steps: int,
+    truncate: int,
+    gen: Generator = None,
 ) -> Hypergradient:
     """Truncated reverse hypergradient: back-propagate through the last `truncate` of `steps`."""
     if steps < 0 or not 0 <= truncate <= steps:
         raise ValueError(f"need 0 <= truncate ({truncate}) <= steps ({steps})")
-    theta = problem.descend(theta0, lam, train, steps - truncate)
+    theta = problem.descend(theta0, lam, train, steps - truncate, gen)
     with torch.enable_grad():
         lam = _with_grad(lam)
         theta = _with_grad(theta)
         for _ in range(truncate):
-            theta = problem.step(theta, lam, train, create_graph=True)
-        value = problem.outer_loss(theta, lam, val)
+            theta = problem.step(theta, lam, draw(train, gen), create_graph=True)
+        value = problem.outer_loss(theta, lam, draw(val, gen))
         hyper = _grad(value, lam)
     return Hypergradient(tree_detach(hyper), tree_detach(theta), float(value.detach()))
 
 
 def rhg(
-    problem: Bilevel, theta0: Tree, lam: Tree, train: Any, val: Any, steps: int
+    problem: Bilevel,
+    theta0: Tree,
+    lam: Tree,
+    train: Any,
+    val: Any,
+    steps: int,
+    gen: Generator = None,
 ) -> Hypergradient:
     """Reverse hypergradient through all `steps` inner steps."""
-    return trhg(problem, theta0, lam, train, val, steps, truncate=steps)
+    return trhg(problem, theta0, lam, train, val, steps, truncate=steps, gen=gen)
 
 
 def _implicit(
@@ -141,14 +167,19 @@ def _implicit(
     val: Any,
     steps: int,
     solve: Callable[[Callable[[Tree], Tree], Tree], Tree],
+    gen: Generator,
 ) -> Hypergradient:
-    """AID: v = solve(hvp, grad_theta R^val) at theta_K; grad_lam R^val - (d2R^tr/dlam dtheta) v."""
-    theta = problem.descend(theta0, lam, train, steps)
+    """AID: v = solve(hvp, grad_theta R^val) at theta_K; grad_lam R^val - (d2R^tr/dlam dtheta) v.
+
+    The Hessian system is that of one training batch (the whole set when full-batch).
+    """
+    theta = problem.descend(theta0, lam, train, steps, gen)
     with torch.enable_grad():
         theta, lam = _with_grad(theta), _with_grad(lam)
-        value = problem.outer_loss(theta, lam, val)
+        value = problem.outer_loss(theta, lam, draw(val, gen))
         b, g_lam = _grad(value, (theta, lam))
-        inner_grad = _grad(problem.inner_loss(theta, lam, train), theta, create_graph=True)
+        inner = problem.inner_loss(theta, lam, draw(train, gen))
+        inner_grad = _grad(inner, theta, create_graph=True)
 
         def hvp(v: Tree) -> Tree:
             return tree_detach(_grad(inner_grad, theta, grad_outputs=v, retain_graph=True))
@@ -169,6 +200,7 @@ def aid_fp(
     steps: int,
     solver_steps: int,
     solver_lr: float | None = None,
+    gen: Generator = None,
 ) -> Hypergradient:
     """Implicit differentiation; H v = b solved by v <- v - eta (H v - b) (eta: inner lr)."""
     eta = float(problem.lr(lam)) if solver_lr is None else solver_lr
@@ -179,11 +211,18 @@ def aid_fp(
             v = tree_add(v, tree_add(hvp(v), b, -1.0), -eta)
         return v
 
-    return _implicit(problem, theta0, lam, train, val, steps, fixed_point)
+    return _implicit(problem, theta0, lam, train, val, steps, fixed_point, gen)
 
 
 def aid_cg(
-    problem: Bilevel, theta0: Tree, lam: Tree, train: Any, val: Any, steps: int, solver_steps: int
+    problem: Bilevel,
+    theta0: Tree,
+    lam: Tree,
+    train: Any,
+    val: Any,
+    steps: int,
+    solver_steps: int,
+    gen: Generator = None,
 ) -> Hypergradient:
     """Implicit differentiation; H v = b solved by `solver_steps` conjugate-gradient iterations."""
 
@@ -203,4 +242,4 @@ def aid_cg(
             rr = rr_next
         return v
 
-    return _implicit(problem, theta0, lam, train, val, steps, conjugate_gradient)
+    return _implicit(problem, theta0, lam, train, val, steps, conjugate_gradient, gen)

@@ -1,4 +1,4 @@
-"""LIBSVM data sets for the regularization tasks: registry, reader with line-level errors, protocol.
+"""LIBSVM sets of the HPO regularization task: registry, reader with line-level errors, protocol.
 
 Files live under `<data root>/libsvm/{regression,classification}/NAME` (optionally `NAME.gz`); the
 repository's own data/ is searched after the given root, so the shipped small sets always resolve.
@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from sklearn.datasets import load_svmlight_file
 
 from fewshot.datasets import REPO_DATA, resolve_data_root
 from fewshot.errors import FewshotError
@@ -83,14 +82,17 @@ def find_file(task: str, filename: str, data_root: str | os.PathLike | None) -> 
 def _first_bad_line(path: Path) -> tuple[int, str, str] | None:
     """(line number, line, reason) of the first line that is not `label [index:value ...]`."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", errors="replace") as f:
-        for number, raw in enumerate(f, start=1):
-            tokens = raw.split("#", 1)[0].split()
-            if not tokens:
-                continue
-            reason = _token_problem(tokens)
-            if reason:
-                return number, raw.rstrip("\r\n"), reason
+    try:
+        with opener(path, "rt", errors="replace") as f:
+            for number, raw in enumerate(f, start=1):
+                tokens = raw.split("#", 1)[0].split()
+                if not tokens:
+                    continue
+                reason = _token_problem(tokens)
+                if reason:
+                    return number, raw.rstrip("\r\n"), reason
+    except (OSError, EOFError):
+        return None  # the caller reports the unreadable file
     return None
 
 
@@ -114,7 +116,10 @@ def _token_problem(tokens: list[str]) -> str | None:
 
 
 def read_libsvm(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Dense (X, y) from a LIBSVM text file; a malformed line raises FewshotError naming it."""
+    """Dense (X, y) from a LIBSVM text file (.gz: gzip); a malformed line or a truncated or
+    unreadable file raises FewshotError naming it (and the line, where there is one)."""
+    from sklearn.datasets import load_svmlight_file  # imported here: slow, and only needed here
+
     try:
         x, y = load_svmlight_file(str(path), zero_based=False)
     except ValueError as e:
@@ -123,6 +128,10 @@ def read_libsvm(path: Path) -> tuple[np.ndarray, np.ndarray]:
             raise FewshotError(f"{path}: not a LIBSVM file: {e}") from None
         number, line, reason = bad
         raise FewshotError(f"{path}:{number}: {reason}: {line[:80]!r}") from None
+    except EOFError:
+        raise FewshotError(f"{path}: truncated file (the compressed data ends early)") from None
+    except OSError as e:
+        raise FewshotError(f"cannot read LIBSVM file {path}: {e.strerror or e}") from None
     return np.asarray(x.todense(), dtype=np.float64), np.asarray(y, dtype=np.float64)
 
 

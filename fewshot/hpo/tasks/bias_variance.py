@@ -25,9 +25,49 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from fewshot.hpo.ensemble import make_splits
 from fewshot.hpo.hypergrad import Bilevel, rhg
-from fewshot.hpo.ridge import ridge_hypergradient
+from fewshot.hpo.splits import make_splits
+from fewshot.hpo.tasks.ridge import ridge_hypergradient
+from fewshot.settings import SettingError, check_fields, seed_setting, setting
+
+POINTS, GAMMA = 22, 1 / 11  # the paper's observed set: n = 22, 2 of them for validation
+DISTINCT_SPLITS = math.comb(POINTS, round(GAMMA * POINTS))  # V = 231
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    """`fewshot hpo bias-variance`: the U values, the RHG estimator and the number of draws."""
+
+    splits: str = setting(
+        "1,2,4,8", help=f"comma-separated U values, each 1..{DISTINCT_SPLITS} (the distinct splits)"
+    )
+    inner_steps: int = setting(5, help="K of the RHG estimator", low=1)
+    repeats: int = setting(400, help="draws of U splits per U", low=1)
+    seed: int = seed_setting(0, help="seed of the data set and of the RHG splits")
+    out: str = setting("runs/hpo_bias_variance", help="folder for JSON and plot")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if not self.out.strip():
+            raise SettingError("out", "must name a folder")
+        self.counts()
+
+    def counts(self) -> tuple[int, ...]:
+        """The U values of `splits`; SettingError unless each is an integer in 1..V."""
+        try:
+            counts = tuple(int(part) for part in self.splits.split(","))
+        except ValueError:
+            raise SettingError(
+                "splits", f"must be comma-separated integers like 1,2,4,8, got {self.splits!r}"
+            ) from None
+        bad = [c for c in counts if not 1 <= c <= DISTINCT_SPLITS]
+        if bad:
+            raise SettingError(
+                "splits",
+                f"values must lie in 1..{DISTINCT_SPLITS}, the distinct splits of the "
+                f"{POINTS}-point set, got {bad[0]}",
+            )
+        return counts
 
 
 @dataclass(frozen=True)
@@ -97,9 +137,9 @@ def per_split_hypergradients(
 
 
 def bias_variance_table(
-    n: int = 22,
+    n: int = POINTS,
     dim: int = 5,
-    gamma: float = 1 / 11,
+    gamma: float = GAMMA,
     lams: np.ndarray | None = None,
     split_counts: tuple[int, ...] = (1, 2, 4, 8),
     inner_steps: int = 5,

@@ -8,9 +8,9 @@ part of a split: data loss + penalty; outer loss: the data loss on the validatio
 
 The hyperparameter is log lam (so lam stays positive under Adam): a scalar, or one per weight with
 `per_parameter` (the high-dimensional task, penalty sum_i lam_i w_i^2 or sum_i lam_i |w_i|).
-Protocol: observed set split into train/validation (validation share gamma), SGD (full-batch
-gradient descent) inside, Adam outside, T outer steps, K inner steps; RHG/T-RHG/AID restart the
-inner model from zero every outer step (Algorithms 1-3, EHG when U > 1), OEHG runs Algorithm 4.
+Protocol: observed set split into train/validation (validation share gamma), full-batch gradient
+descent inside, Adam outside, T outer steps, K inner steps; RHG/T-RHG/AID restart the inner
+model from zero every outer step (Algorithms 1-3, EHG when U > 1), OEHG runs Algorithm 4.
 """
 
 from __future__ import annotations
@@ -19,49 +19,86 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from functools import partial
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fewshot.datasets.libsvm import DATASETS, TabularData, load_dataset
 from fewshot.errors import FewshotError
-from fewshot.hpo.ensemble import StepCallback, make_splits, oehg, optimize_offline
-from fewshot.hpo.hypergrad import Bilevel, aid_cg, aid_fp, rhg, trhg
-from fewshot.hpo.libsvm import TabularData
+from fewshot.hpo.hypergrad import Bilevel
+from fewshot.hpo.optimize import METHODS, Budget, check_method_settings, optimize, split_count
+from fewshot.hpo.splits import make_splits
 from fewshot.hpo.trees import Theta
+from fewshot.settings import SettingError, check_fields, seed_setting, setting
 
 MODELS = ("lasso", "ridge", "logistic", "svm")
-METHODS = ("rhg", "trhg", "aid-fp", "aid-cg", "oehg")
+REGRESSION_MODELS = ("lasso", "ridge")
+HOLDOUTS = {"default": None, "head": False, "random": True}  # -> load_dataset's shuffle
 Data = tuple[torch.Tensor, torch.Tensor]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Settings:
-    """Everything that defines one run besides the data set."""
+    """`fewshot hpo regularization`: everything that defines one run."""
 
-    model: str
-    method: str
-    seed: int = 0
-    splits: int | None = None  # U; default 5 for OEHG, 1 (plain estimator) otherwise
-    per_parameter: bool = False
-    gamma: float = 0.2
-    outer_steps: int = 1000
-    inner_steps: int = 128  # K for RHG/T-RHG/AID; OEHG uses `oehg_inner_steps`
-    oehg_inner_steps: int = 1
-    truncate: int = 32  # T-RHG: steps back-propagated
-    solver_steps: int = 20  # Z for AID
-    outer_lr: float = 0.01
-    inner_lr: float | None = None  # default 1 / (smoothness bound of the inner loss)
-    init_lam: float = 0.01
-    eval_points: int = 50  # test-loss curve resolution
-    holdout: str = (
-        "default"  # observed set of single-file sets: "head", "random" or per-set default
+    dataset: str = setting(help="LIBSVM set", choices=sorted(DATASETS))
+    model: str = setting(help="linear model", choices=MODELS)
+    method: str = setting(help="hypergradient method", choices=METHODS)
+    splits: int | None = setting(None, help="U (default 5 for oehg, else 1)", low=1)
+    per_parameter: bool = setting(False, help="one lambda per weight")
+    seed: int = seed_setting(0, help="seed of the splits (and of a random holdout)")
+    out: str = setting(help="folder for the JSON result and the loss plot")
+    data_root: str | None = setting(None, help="folder holding libsvm/ (default: data/)")
+    gamma: float = setting(0.2, help="validation share", above=0, below=1)
+    outer_steps: int = setting(1000, help="T", low=1)
+    inner_steps: int = setting(128, help="K (not oehg)", low=1)
+    oehg_inner_steps: int = setting(1, help="inner steps per outer step of oehg", low=1)
+    truncate: int = setting(32, help="T-RHG window (trhg)", low=1)
+    solver_steps: int = setting(20, help="Z for AID (aid-fp, aid-cg)", low=1)
+    outer_lr: float = setting(0.01, help="Adam on log lambda", above=0)
+    inner_lr: float | None = setting(
+        None,
+        help="fixed inner step (default: 1/(L + 2 max lambda), L of the data loss; lasso 1/L)",
+        above=0,
     )
+    init_lam: float = setting(0.01, help="initial lambda", above=0)
+    holdout: str = setting(
+        "default",
+        help="sets without a test file: observed set = file head or seeded random subset",
+        choices=tuple(HOLDOUTS),
+    )
+    eval_points: int = setting(50, help="test-loss curve resolution", low=1, flag=False)
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if not self.out.strip():
+            raise SettingError("out", "must name a folder")
+        check_method_settings(self.method, self.splits, self.inner_steps, self.truncate)
+        regression = DATASETS[self.dataset].task == "regression"
+        if regression != (self.model in REGRESSION_MODELS):
+            kind = "regression (lasso, ridge)" if regression else "classification (logistic, svm)"
+            raise SettingError("model", f"{self.model} does not fit {self.dataset}, a {kind} set")
+        if self.model == "svm" and self.method == "aid-cg":
+            raise SettingError(
+                "method",
+                "aid-cg cannot learn the svm's lambda: the hinge loss has no curvature, so its "
+                "Hessian system is singular (use rhg, trhg, aid-fp or oehg)",
+            )
 
     def split_count(self) -> int:
         """U, resolving the per-method default."""
-        return self.splits if self.splits is not None else (5 if self.method == "oehg" else 1)
+        return split_count(self.method, self.splits)
+
+    def budget(self) -> Budget:
+        """The step counts of the run."""
+        return Budget(
+            self.outer_steps,
+            self.inner_steps,
+            self.truncate,
+            self.solver_steps,
+            self.oehg_inner_steps,
+        )
 
 
 @dataclass
@@ -77,9 +114,15 @@ class RunResult:
     curve: list[tuple[int, float]] = field(default_factory=list)
 
 
+def load_task_data(settings: Settings) -> TabularData:
+    """The observed and test sets the settings name (holdout and seed applied)."""
+    shuffle = HOLDOUTS[settings.holdout]
+    return load_dataset(settings.dataset, settings.seed, settings.data_root, shuffle)
+
+
 def data_loss(model: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The per-model mean data loss of predictions f against targets y."""
-    if model in ("ridge", "lasso"):
+    if model in REGRESSION_MODELS:
         return lambda f, y: ((f - y) ** 2).mean()
     if model == "logistic":
         return lambda f, y: F.softplus(-y * f).mean()
@@ -124,12 +167,12 @@ def default_inner_lr(model: str, x: np.ndarray) -> float:
     return 1.0 / (scale * top)
 
 
-def evaluate(model: str, theta: Theta, data: Data) -> tuple[float, float | None]:
-    """(test loss, test accuracy in % or None for regression)."""
+def linear_scores(model: str, theta: Theta, data: Data) -> tuple[float, float | None]:
+    """(test loss, test accuracy in % or None for regression) of a linear model."""
     with torch.no_grad():
         f = predict(theta, data[0])
         loss = float(data_loss(model)(f, data[1]))
-        if model in ("ridge", "lasso"):
+        if model in REGRESSION_MODELS:
             return loss, None
         return loss, 100.0 * float((torch.where(f >= 0, 1.0, -1.0) == data[1]).double().mean())
 
@@ -142,16 +185,8 @@ def run(
     data: TabularData, settings: Settings, progress: Callable[[int], None] | None = None
 ) -> RunResult:
     """One HPO run: learn lam on the observed set, report the deployed model on the test set."""
-    if settings.method not in METHODS:
-        raise FewshotError(
-            f"unknown --method {settings.method!r}; choose from {', '.join(METHODS)}"
-        )
-    regression = data.task == "regression"
-    if regression != (settings.model in ("ridge", "lasso")):
-        kind = "regression (lasso, ridge)" if regression else "classification (logistic, svm)"
-        raise FewshotError(
-            f"--dataset {data.name} is a {kind} set; --model {settings.model} does not fit"
-        )
+    if data.name != settings.dataset:
+        raise FewshotError(f"the data is {data.name}, but the settings name {settings.dataset}")
     splits = make_splits(
         len(data.y_observed), settings.gamma, settings.split_count(), settings.seed
     )
@@ -171,48 +206,24 @@ def run(
 
     def on_step(t: int, lam: torch.Tensor, theta: Theta) -> None:
         if (t + 1) % every == 0:
-            curve.append((t + 1, evaluate(settings.model, theta, test)[0]))
+            curve.append((t + 1, linear_scores(settings.model, theta, test)[0]))
         if progress is not None:
             progress(t)
 
     start = time.perf_counter()
-    result = _optimize(problem, theta0, lam0, split_data, settings, on_step)
-    loss, accuracy = evaluate(settings.model, result.theta, test)
-    lam = torch.exp(result.lam).reshape(-1).tolist()
-    return RunResult(
-        data.name, asdict(settings), lam, loss, accuracy, time.perf_counter() - start, curve
-    )
-
-
-def _optimize(problem, theta0, lam0, split_data, settings: Settings, on_step: StepCallback):
-    """Dispatch to OEHG or to the offline loop with the chosen estimator."""
-    if settings.method == "oehg":
-        return oehg(
-            problem,
-            theta0,
-            lam0,
-            split_data,
-            split_data[0][0],
-            settings.outer_steps,
-            settings.outer_lr,
-            settings.oehg_inner_steps,
-            on_step,
-        )
-    k = settings.inner_steps
-    estimators = {
-        "rhg": partial(rhg, steps=k),
-        "trhg": partial(trhg, steps=k, truncate=min(settings.truncate, k)),
-        "aid-fp": partial(aid_fp, steps=k, solver_steps=settings.solver_steps),
-        "aid-cg": partial(aid_cg, steps=k, solver_steps=settings.solver_steps),
-    }
-    return optimize_offline(
-        estimators[settings.method],
+    result = optimize(
+        settings.method,
         problem,
         theta0,
         lam0,
         split_data,
-        settings.outer_steps,
-        settings.outer_lr,
-        k,
-        on_step,
+        settings.budget(),
+        outer_lr=settings.outer_lr,
+        seed=settings.seed,
+        on_step=on_step,
+    )
+    loss, accuracy = linear_scores(settings.model, result.theta, test)
+    lam = torch.exp(result.lam).reshape(-1).tolist()
+    return RunResult(
+        data.name, asdict(settings), lam, loss, accuracy, time.perf_counter() - start, curve
     )

@@ -21,8 +21,6 @@ import cvxpy as cp
 import numpy as np
 import torch
 
-from fewshot.hpo.ensemble import TreeAdam
-
 Arrays = tuple[np.ndarray, np.ndarray]
 ACTIVE_TOL = 1e-7  # |w_i| below this counts as exactly zero (solver precision)
 Hypergradient = Callable[[float, Arrays, Arrays], float]
@@ -85,12 +83,13 @@ def ground_truth_path(
     hypergradient: Hypergradient = lasso_hypergradient,
 ) -> list[float]:
     """lam after each Adam step on log lam driven by the exact split-averaged hypergradient."""
-    adam = TreeAdam(torch.tensor(math.log(init_lam), dtype=torch.float64), outer_lr)
+    log_lam = torch.tensor(math.log(init_lam), dtype=torch.float64, requires_grad=True)
+    adam = torch.optim.Adam([log_lam], lr=outer_lr)
     path = []
-    log_lam = adam.value()
     for _ in range(outer_steps):
-        lam = math.exp(float(log_lam))
+        lam = math.exp(float(log_lam.detach()))
         grad = np.mean([hypergradient(lam, train, val) for train, val in split_data])
-        log_lam = adam.step(torch.tensor(grad, dtype=torch.float64))
-        path.append(math.exp(float(log_lam)))
+        log_lam.grad = torch.tensor(grad, dtype=torch.float64)
+        adam.step()
+        path.append(math.exp(float(log_lam.detach())))
     return path

@@ -1,0 +1,123 @@
+"""MNIST and Fashion-MNIST in the IDX format (the HPO image tasks).
+
+Each dataset lives in a sub-folder of the data root: `mnist/` and `fashion_mnist/` hold
+`{train,t10k}-{images-idx3,labels-idx1}-ubyte`, gzip-compressed (`.gz`) or not; torchvision's
+`MNIST/raw/` and `FashionMNIST/raw/` folders work as well. The readers return a
+`fewshot.datasets.base.ImageSplit` (uint8 images [N, 1, 28, 28], int64 labels); a missing,
+truncated or corrupt file is a FewshotError naming it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fewshot.datasets.base import ImageSplit
+from fewshot.errors import FewshotError
+
+SPLITS = ("train", "test")
+MNIST_CLASSES = [str(d) for d in range(10)]
+FASHION_CLASSES = [
+    "t-shirt/top", "trouser", "pullover", "dress", "coat",
+    "sandal", "shirt", "sneaker", "bag", "ankle boot",
+]  # fmt: skip
+
+# IDX type byte -> numpy dtype (big-endian, as the format stores it).
+IDX_DTYPES = {0x08: ">u1", 0x09: ">i1", 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read one IDX file (gzip-compressed or raw, detected from its first bytes) into an array."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read()
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+    except FileNotFoundError:
+        raise FewshotError(f"missing IDX file {path}") from None
+    except EOFError:
+        raise FewshotError(f"corrupt IDX file {path}: truncated gzip stream") from None
+    except (OSError, zlib.error) as e:
+        raise FewshotError(f"corrupt IDX file {path}: {e}") from None
+    if len(raw) < 4 or raw[:2] != b"\x00\x00" or raw[2] not in IDX_DTYPES:
+        raise FewshotError(f"corrupt IDX file {path}: bad magic number {raw[:4].hex()}")
+    ndim = raw[3]
+    header = 4 + 4 * ndim
+    if len(raw) < header:
+        raise FewshotError(f"corrupt IDX file {path}: header truncated")
+    shape = struct.unpack(f">{ndim}I", raw[4:header])
+    dtype = np.dtype(IDX_DTYPES[raw[2]])
+    expected = int(np.prod(shape)) * dtype.itemsize
+    if len(raw) - header != expected:
+        raise FewshotError(
+            f"corrupt IDX file {path}: shape {shape} needs {expected} data bytes, "
+            f"found {len(raw) - header}"
+        )
+    return (
+        np.frombuffer(raw, dtype=dtype, offset=header)
+        .reshape(shape)
+        .astype(dtype.newbyteorder("="))
+    )
+
+
+def _find_idx(folders: list[Path], stem: str) -> Path:
+    """The first of `stem` or `stem.gz` found in `folders`, or an error naming where it looked."""
+    for folder in folders:
+        for name in (stem, stem + ".gz"):
+            if (folder / name).is_file():
+                return folder / name
+    raise FewshotError(
+        f"missing IDX file {folders[0] / (stem + '.gz')} (or without .gz): "
+        "copy the dataset's IDX files there or pass --data-root"
+    )
+
+
+def read_mnist_like(
+    data_root: Path, folder: str, torchvision_folder: str, split: str, class_names: list[str]
+) -> ImageSplit:
+    """Read the train or test split of an MNIST-format dataset stored in data_root/folder."""
+    if split not in SPLITS:
+        raise FewshotError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
+    folders = [
+        data_root / folder,
+        data_root / folder / "raw",
+        data_root / torchvision_folder / "raw",
+    ]
+    prefix = "train" if split == "train" else "t10k"
+    image_path = _find_idx(folders, f"{prefix}-images-idx3-ubyte")
+    label_path = _find_idx(folders, f"{prefix}-labels-idx1-ubyte")
+    images, labels = read_idx(image_path), read_idx(label_path)
+    if images.ndim != 3 or images.dtype != np.uint8:
+        raise FewshotError(f"{image_path}: expected uint8 images [N, H, W], got {images.shape}")
+    if labels.ndim != 1 or len(labels) != len(images):
+        raise FewshotError(
+            f"{label_path}: expected {len(images)} labels for {image_path.name}, got {labels.shape}"
+        )
+    if labels.size and int(labels.max()) >= len(class_names):
+        row = int(np.argmax(labels >= len(class_names)))
+        raise FewshotError(
+            f"{label_path}: label {int(labels[row])} at row {row} outside 0..{len(class_names) - 1}"
+        )
+    return ImageSplit(
+        images=torch.from_numpy(images.copy()).unsqueeze(1),
+        labels=torch.from_numpy(labels.astype(np.int64)),
+        class_names=list(class_names),
+        mean=(float(images.mean(dtype=np.float64)) / 255,),
+        std=(float(images.std(dtype=np.float64)) / 255,),
+        source=str(image_path),
+    )
+
+
+def read_mnist(data_root: Path, split: str) -> ImageSplit:
+    """MNIST from data_root/mnist (or data_root/MNIST/raw)."""
+    return read_mnist_like(data_root, "mnist", "MNIST", split, MNIST_CLASSES)
+
+
+def read_fashion_mnist(data_root: Path, split: str) -> ImageSplit:
+    """Fashion-MNIST from data_root/fashion_mnist (or data_root/FashionMNIST/raw)."""
+    return read_mnist_like(data_root, "fashion_mnist", "FashionMNIST", split, FASHION_CLASSES)
