@@ -22,13 +22,15 @@ from typing import Any
 
 import torch
 
+from fewshot.datasets.libsvm import load_dataset
 from fewshot.errors import FewshotError
-from fewshot.hpo.ensemble import make_splits, oehg, optimize_offline
+from fewshot.hpo.batches import Minibatches
+from fewshot.hpo.ensemble import oehg, optimize_offline
 from fewshot.hpo.hypergrad import Bilevel, aid_cg, rhg
-from fewshot.hpo.image_regularization import draw_observed_data, regularization_problem
-from fewshot.hpo.images import MinibatchStream, init_classifier
-from fewshot.hpo.libsvm import load_dataset
-from fewshot.hpo.regularization import default_inner_lr, make_problem
+from fewshot.hpo.splits import make_splits
+from fewshot.hpo.tasks.classifiers import init_classifier
+from fewshot.hpo.tasks.image_regularization import draw_observed_data, regularization_problem
+from fewshot.hpo.tasks.regularization import default_inner_lr, make_problem
 
 
 @dataclass
@@ -66,8 +68,8 @@ def mnist_sr_task(data_root: str | None) -> Task:
     """MNIST softmax regression, one weight per parameter, mini-batches of 256."""
     data = draw_observed_data("mnist", 0, data_root)
     splits = [
-        (MinibatchStream(data.x[s.train], data.y[s.train], 256, i), (data.x[s.val], data.y[s.val]))
-        for i, s in enumerate(make_splits(len(data.y), 0.2, 5, 0))
+        (Minibatches((data.x[s.train], data.y[s.train]), 256), (data.x[s.val], data.y[s.val]))
+        for s in make_splits(len(data.y), 0.2, 5, 0)
     ]
     theta0 = init_classifier("sr", data.x.shape[1], data.num_classes, 0)
     lam0 = {k: torch.full_like(v, math.log(1e-4)) for k, v in theta0.items()}
@@ -92,8 +94,8 @@ def time_task(task: Task, repeats: int) -> list[float]:
         return lambda: optimize_offline(estimator, p, theta0, lam0, splits[:1], 1, 0.01, 0)
 
     steps = [
-        offline(lambda *a: rhg(*a, steps=128)),
-        offline(lambda *a: aid_cg(*a, steps=128, solver_steps=20)),
+        offline(lambda *a, **k: rhg(*a, steps=128, **k)),
+        offline(lambda *a, **k: aid_cg(*a, steps=128, solver_steps=20, **k)),
         lambda: oehg(p, theta0, lam0, splits, splits[0][0], 1, 0.01, 1),
     ]
     return [_median_ms(step, repeats) for step in steps]

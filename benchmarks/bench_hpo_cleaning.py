@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from fewshot.cli import main as fewshot_main
+from fewshot.hpo.results import result_path
 from fewshot.io import atomic_write_json
 
 
@@ -45,7 +46,7 @@ def main() -> None:
     seconds = time.perf_counter() - start
     if status:
         raise SystemExit(status)
-    name = f"cleaning_{args.dataset}_{args.model}_{args.method}_seed{args.seed}.json"
+    name = result_path(args.out, "cleaning", args.dataset, args.model, args.method, args.seed).name
     result = json.loads((Path(args.out) / name).read_text())
     bench = {
         "command": "fewshot " + " ".join(argv),

@@ -16,17 +16,20 @@ from __future__ import annotations
 
 import argparse
 import math
-from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from fewshot.hpo.ensemble import make_splits, optimize_offline
-from fewshot.hpo.ground_truth import ground_truth_path, lasso_hypergradient, svm_hypergradient
-from fewshot.hpo.hypergrad import aid_fp, rhg
-from fewshot.hpo.libsvm import load_dataset
-from fewshot.hpo.regularization import default_inner_lr, make_problem
+from fewshot.datasets.libsvm import load_dataset
+from fewshot.hpo.optimize import Budget, optimize
+from fewshot.hpo.splits import make_splits
+from fewshot.hpo.tasks.ground_truth import (
+    ground_truth_path,
+    lasso_hypergradient,
+    svm_hypergradient,
+)
+from fewshot.hpo.tasks.regularization import default_inner_lr, make_problem
 from fewshot.io import atomic_write_json
 
 ESTIMATOR_NAMES = {"lasso": "AID-FP", "svm": "RHG"}
@@ -42,19 +45,14 @@ def estimated_path(data, splits, args) -> list[float]:
         "b": torch.zeros((), dtype=torch.float64),
     }
     path: list[float] = []
-    if args.model == "lasso":
-        estimator = partial(aid_fp, steps=args.inner_steps, solver_steps=args.solver_steps)
-    else:
-        estimator = partial(rhg, steps=args.inner_steps)
-    optimize_offline(
-        estimator,
+    optimize(
+        "aid-fp" if args.model == "lasso" else "rhg",
         problem,
         theta0,
         torch.tensor(math.log(args.init_lam), dtype=torch.float64),
         split_data,
-        args.outer_steps,
-        args.outer_lr,
-        0,
+        Budget(args.outer_steps, args.inner_steps, solver_steps=args.solver_steps),
+        outer_lr=args.outer_lr,
         on_step=lambda t, lam, theta: path.append(math.exp(float(lam))),
     )
     return path

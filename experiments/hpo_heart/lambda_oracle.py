@@ -22,9 +22,9 @@ import math
 import numpy as np
 import torch
 
-from fewshot.hpo.ensemble import make_splits
-from fewshot.hpo.libsvm import load_dataset
-from fewshot.hpo.regularization import default_inner_lr, evaluate, make_problem
+from fewshot.datasets.libsvm import load_dataset
+from fewshot.hpo.splits import make_splits
+from fewshot.hpo.tasks.regularization import default_inner_lr, linear_scores, make_problem
 
 GRID = np.logspace(-5, 0.5, 23)  # four points per decade
 
@@ -64,9 +64,9 @@ def main() -> None:
             train = (x[split.train], y[split.train])
             val = (x[split.val], y[split.val])
             per_lam = [problem.descend(theta0, lam, train, args.steps) for lam in log_grid]
-            val_loss.append([evaluate(args.model, t, val)[0] for t in per_lam])
+            val_loss.append([linear_scores(args.model, t, val)[0] for t in per_lam])
             if i == 0:  # the deployed model trains on the first split's training part
-                test_acc = np.array([evaluate(args.model, t, test)[1] for t in per_lam])
+                test_acc = np.array([linear_scores(args.model, t, test)[1] for t in per_lam])
         val_loss = np.array(val_loss)
         picks = (
             int(np.argmax(test_acc)),

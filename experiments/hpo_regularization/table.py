@@ -27,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-from fewshot.hpo.libsvm import load_dataset
-from fewshot.hpo.regularization import Settings, run
+from fewshot.datasets.libsvm import load_dataset
+from fewshot.hpo.results import result_path
+from fewshot.hpo.tasks.regularization import Settings, run
 from fewshot.io import atomic_write_json, atomic_write_text
 
 REGRESSION_SETS = ("abalone", "bodyfat", "mg", "pyrim", "space_ga", "triazines")
@@ -152,14 +153,14 @@ def _fmt(value: float | None, accuracy: bool = False) -> str:
 
 def run_cell(model: str, dataset: str, method: str, seed: int, args: argparse.Namespace) -> dict:
     """One run, loaded from OUT/runs/ if it already finished."""
-    suffix = "_pp" if args.high_dim else ""
-    path = Path(args.out) / "runs" / f"{dataset}_{model}_{method}{suffix}_seed{seed}.json"
+    runs = Path(args.out) / "runs"
+    path = result_path(runs, "regularization", dataset, model, method, seed, args.high_dim)
     if path.is_file():
         return json.loads(path.read_text())
     steps = args.oehg_steps if method == "oehg" else args.offline_steps
     base, _, k = method.partition("-k")  # "rhg-k64" is RHG with K = 64
     settings = replace(
-        Settings(model=model, method=base),
+        Settings(dataset=dataset, model=model, method=base, out=str(path.parent)),
         seed=seed,
         outer_steps=steps,
         inner_steps=int(k) if k else args.inner_steps,
