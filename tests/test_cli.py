@@ -220,3 +220,13 @@ def test_checkpoint_of_another_backbone_is_refused(capsys, tmp_path, trained):
     torch.save(ckpt, tmp_path / "other.pt")
     err = error_line(capsys, ["eval", "--checkpoint", str(tmp_path / "other.pt")])
     assert "does not fit a resnet12 backbone" in err
+
+
+def test_the_shipped_checkpoint_resumes_with_its_own_config(capsys, tmp_path):
+    # It predates AMP and the saved history: the settings added since take their defaults.
+    zoo = Path(__file__).resolve().parents[1] / "models" / "omniglot"
+    args = ["train", "--config", str(zoo / "protonet_conv4_1shot.json")]
+    args += ["--resume", str(zoo / "protonet_conv4_1shot.pt"), "--out", str(tmp_path)]
+    args += ["--data-root", str(zoo.parents[1] / "data"), "--device", "cpu"]
+    assert main(args) == 0, capsys.readouterr().err
+    assert "already finished its 10 epochs" in capsys.readouterr().out

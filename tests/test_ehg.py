@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 
 import pytest
 import torch
@@ -59,6 +60,20 @@ def test_split_limits():
         check_splits(33, 5, 1, 1)
     with pytest.raises(FewshotError, match=">= 1"):
         check_splits(0, 5, 1, 15)
+
+
+@pytest.mark.parametrize(
+    ("way", "shot", "query", "u"), [(5, 1, 5, 7776), (5, 1, 5, 2000), (3, 2, 2, 150)]
+)
+def test_every_allowed_number_of_splits_is_drawn_quickly_and_distinct(way, shot, query, u):
+    # U at (or near) all C(shot+query, shot)^way splits: drawn by numbering, not rejection.
+    start = time.perf_counter()
+    perm = draw_splits(3, way, shot, query, u, torch.Generator().manual_seed(0))
+    assert time.perf_counter() - start < 5.0
+    assert torch.equal(perm[0], torch.arange(shot + query).expand(3, way, shot + query))
+    assert torch.equal(perm.sort(-1).values, torch.arange(shot + query).expand_as(perm))
+    for episode in support_sets(perm, shot):
+        assert len(set(episode)) == u
 
 
 def tiny_resnet(size: int) -> ResNet12:

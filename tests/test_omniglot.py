@@ -65,3 +65,27 @@ def test_missing_and_corrupt_files(tmp_path):
         load_split("omniglot", "holdout", tmp_path)
     with pytest.raises(FewshotError, match="unknown dataset 'imagenet'"):
         load_split("imagenet", "test", tmp_path)
+
+
+def test_damaged_npz_and_index_rows_name_the_file(tmp_path):
+    folder = tmp_path / "omniglot"
+    shutil.copytree(REPO_DATA / "omniglot" / "splits", folder / "splits")
+    shutil.copy(REPO_DATA / "omniglot" / "images_evaluation.npz", folder)
+    index = (REPO_DATA / "omniglot" / "omniglot_index.csv").read_text().splitlines()
+    data = bytearray((REPO_DATA / "omniglot" / "images_evaluation.npz").read_bytes())
+    data[len(data) // 2 : len(data) // 2 + 64] = bytes(
+        64
+    )  # flipped bytes inside the deflate stream
+    (folder / "images_evaluation.npz").write_bytes(bytes(data))
+    (folder / "omniglot_index.csv").write_text("\n".join(index) + "\n")
+    with pytest.raises(FewshotError, match=r"corrupt Omniglot file .*images_evaluation\.npz"):
+        load_split("omniglot", "test", tmp_path)
+    shutil.copy(REPO_DATA / "omniglot" / "images_evaluation.npz", folder)
+    # Line 1202 is Gurmukhi/character42, the first class of the test split.
+    for row, message in [("x", "line 1202: expected"), ("99999", "row 99999 is past the 659")]:
+        fields = index[1201].split(",")
+        fields[3] = row
+        lines = [*index[:1201], ",".join(fields), *index[1202:]]
+        (folder / "omniglot_index.csv").write_text("\n".join(lines) + "\n")
+        with pytest.raises(FewshotError, match=message):
+            load_split("omniglot", "test", tmp_path)

@@ -1,0 +1,48 @@
+"""Atomic writes: the umask's file mode, and failures that keep the previous file and name it."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from fewshot.errors import FewshotError
+from fewshot.io import atomic_torch_save, atomic_write_text, check_writable, load_checkpoint
+
+
+def test_files_get_the_mode_the_umask_gives(tmp_path):
+    old = os.umask(0o027)
+    try:
+        atomic_torch_save({"x": torch.ones(2)}, tmp_path / "a.pt")
+        atomic_write_text("hi", tmp_path / "b.txt")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.pt").stat().st_mode & 0o777 == 0o640
+    assert (tmp_path / "b.txt").stat().st_mode & 0o777 == 0o640
+
+
+def test_a_failed_save_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "last.pt"
+    atomic_torch_save({"x": torch.zeros(3)}, path)
+
+    def disk_full(obj, f):
+        f.write(b"partial")
+        # What torch raises when the disk fills during a save.
+        raise RuntimeError("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(FewshotError, match=f"cannot write {path}: the write failed .* intact"):
+        atomic_torch_save({"x": torch.ones(3)}, path)
+    monkeypatch.undo()
+    assert torch.equal(load_checkpoint(path)["x"], torch.zeros(3))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+
+
+def test_an_impossible_destination_is_one_error_naming_it(tmp_path):
+    (tmp_path / "file").write_text("")
+    target = tmp_path / "file" / "out.json"
+    with pytest.raises(FewshotError, match=f"cannot write {target}"):
+        check_writable(target)
+    with pytest.raises(FewshotError, match=f"cannot write {target}"):
+        atomic_write_text("x", target)

@@ -1,0 +1,110 @@
+"""The settings layer: every field of TrainConfig refuses wrong types and ranges (property-based,
+with hypothesis), sources layer in order, and errors name the flag or the file and key."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fewshot.config import TrainConfig, make_config
+from fewshot.errors import FewshotError
+from fewshot.settings import SEED_MAX, build
+
+FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+HINTS = typing.get_type_hints(TrainConfig)
+
+anything = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=5),
+    st.lists(st.integers(), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
+
+
+def accepts_type(hint, value) -> bool:
+    """Whether `value` is of the field's declared type, as JSON would carry it."""
+    options = typing.get_args(hint) or (hint,)
+    for option in options:
+        if option is type(None) and value is None:
+            return True
+        if option is bool and isinstance(value, bool):
+            return True
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return True
+        if option is float and isinstance(value, int | float) and not isinstance(value, bool):
+            return math.isfinite(value)
+        if option in (str, dict, list) and isinstance(value, option):
+            return True
+    return False
+
+
+@settings(max_examples=400, deadline=None)
+@given(key=st.sampled_from(sorted(FIELDS)), value=anything)
+def test_a_value_of_the_wrong_type_is_refused_naming_its_key(key, value):
+    if accepts_type(HINTS[key], value):
+        return  # right type: the range test below covers it
+    with pytest.raises(FewshotError) as refused:
+        build(TrainConfig, [("config file c.json", {key: value})])
+    assert str(refused.value).startswith(f'config file c.json: "{key}"')
+
+
+RANGED = [name for name, f in FIELDS.items() if f.metadata.get("low") is not None]
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.sampled_from(RANGED), data=st.data())
+def test_a_number_below_its_range_is_refused_naming_its_flag(key, data):
+    low = FIELDS[key].metadata["low"]
+    is_int = int in (typing.get_args(HINTS[key]) or (HINTS[key],))
+    below = (
+        data.draw(st.integers(max_value=math.ceil(low) - 1))
+        if is_int
+        else data.draw(st.floats(max_value=low, exclude_max=True, allow_nan=False))
+    )
+    with pytest.raises(FewshotError) as refused:
+        build(TrainConfig, [("flags", {key: below})])
+    assert str(refused.value).startswith(f"--{key.replace('_', '-')} must be")
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    way=st.integers(1, 50),
+    shot=st.integers(1, 10),
+    query=st.integers(1, 20),
+    lr=st.floats(1e-6, 10.0),
+    momentum=st.floats(0.0, 0.99),
+    smoothing=st.floats(0.0, 0.99),
+    seed=st.integers(0, SEED_MAX),
+    batch=st.integers(1, 4),
+    steps=st.integers(1, 50),
+)
+def test_valid_values_build_and_round_trip(
+    way, shot, query, lr, momentum, smoothing, seed, batch, steps
+):
+    values = dict(way=way, shot=shot, query=query, lr=lr, momentum=momentum, seed=seed)
+    values.update(label_smoothing=smoothing, episodes_per_batch=batch)
+    values.update(episodes_per_epoch=batch * steps)
+    config = build(TrainConfig, [("flags", values)])
+    assert {k: getattr(config, k) for k in values} == values
+    assert TrainConfig(**config.to_dict()) == config
+
+
+def test_sources_layer_in_order_and_errors_name_their_source(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text('{"_comment": "ignored", "way": 10, "shot": 2, "lr": 0.5}')
+    config = make_config(str(path), {"shot": 3})
+    assert (config.way, config.shot, config.lr, config.query) == (10, 3, 0.5, 15)
+    assert (config.val_way, config.val_shot) == (10, 3)  # default to the training shape
+    with pytest.raises(FewshotError, match=r"^--shot must be >= 1, got 0$"):
+        make_config(str(path), {"shot": 0})
+    path.write_text('{"shot": 0}')
+    with pytest.raises(FewshotError, match=rf'^config file {path}: "shot" must be >= 1, got 0$'):
+        make_config(str(path), {})
