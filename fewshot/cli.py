@@ -7,11 +7,7 @@ import sys
 
 from fewshot.errors import FewshotError
 from fewshot.evaluate import COMMANDS as EVAL_COMMANDS
-
-try:  # TEMP-HPO-GUARD: remove once fewshot.hpo.cli exports COMMANDS
-    from fewshot.hpo.cli import COMMANDS as HPO_COMMANDS
-except ImportError:
-    HPO_COMMANDS = []
+from fewshot.hpo.cli import COMMANDS as HPO_COMMANDS
 from fewshot.interrupt import Interrupted, exit_status, signals_raise
 from fewshot.metaoptnet_import import COMMANDS as IMPORT_COMMANDS
 from fewshot.settings import Command, OneLineParser, add_flags
