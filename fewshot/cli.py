@@ -5,17 +5,21 @@ from __future__ import annotations
 import argparse
 import sys
 
+from fewshot.compare import COMMANDS as COMPARE_COMMANDS
 from fewshot.errors import FewshotError
 from fewshot.evaluate import COMMANDS as EVAL_COMMANDS
 from fewshot.hpo.cli import COMMANDS as HPO_COMMANDS
 from fewshot.interrupt import Interrupted, exit_status, signals_raise
 from fewshot.metaoptnet_import import COMMANDS as IMPORT_COMMANDS
+from fewshot.plot import COMMANDS as PLOT_COMMANDS
 from fewshot.settings import Command, OneLineParser, add_flags
 from fewshot.train import COMMANDS as TRAIN_COMMANDS
 
 COMMANDS: list[Command] = [
     *TRAIN_COMMANDS,
     *EVAL_COMMANDS,
+    *COMPARE_COMMANDS,
+    *PLOT_COMMANDS,
     *IMPORT_COMMANDS,
     *HPO_COMMANDS,
 ]

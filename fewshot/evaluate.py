@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 
 import torch
@@ -21,14 +21,7 @@ from fewshot.interrupt import Interrupted
 from fewshot.io import atomic_write_json, check_writable, load_checkpoint
 from fewshot.model import FewShotModel, load_model
 from fewshot.settings import Command, check_fields, seed_setting, setting
-
-
-def ci95(accuracies: torch.Tensor) -> float:
-    """Half-width of the 95% CI of the mean: 1.96 * s / sqrt(n), s with ddof=1."""
-    n = accuracies.numel()
-    if n < 2:
-        raise ValueError("a confidence interval needs at least two episodes")
-    return 1.96 * float(accuracies.double().std(unbiased=True)) / math.sqrt(n)
+from fewshot.stats import ci95
 
 
 @dataclass
@@ -42,6 +35,12 @@ class EvalResult:
     shot: int
     query: int
     seed: int
+
+    @classmethod
+    def of(cls, accuracies: torch.Tensor, shape: EpisodeShape, seed: int) -> EvalResult:
+        """The summary of per-episode accuracies (fractions) as percentages."""
+        mean = 100 * float(accuracies.double().mean())
+        return cls(mean, 100 * ci95(accuracies), len(accuracies), *astuple(shape)[:3], seed)
 
     def line(self) -> str:
         """The summary line printed by `fewshot eval`."""
@@ -133,22 +132,13 @@ def evaluate(
     acc = episode_accuracies(
         model, split, shape, episodes, seed, device, cache, head_options, progress, stop
     )
-    return EvalResult(
-        100 * float(acc.double().mean()),
-        100 * ci95(acc),
-        episodes,
-        shape.way,
-        shape.shot,
-        shape.query,
-        seed,
-    )
+    return EvalResult.of(acc, shape, seed)
 
 
-@dataclass(frozen=True)
-class EvalSettings:
-    """`fewshot eval`: which checkpoint, on which seeded episodes."""
+@dataclass(frozen=True, kw_only=True)
+class EpisodeSettings:
+    """Which seeded test episodes, drawn from which data, on which device."""
 
-    checkpoint: str = setting(help="a .pt file written by fewshot train")
     dataset: str | None = setting(
         None, help="dataset to evaluate on (default: the training dataset)", choices=dataset_names
     )
@@ -164,10 +154,45 @@ class EvalSettings:
     seed: int = seed_setting(0, help="seed of the test episodes")
     device: str = setting("auto", help="auto = cuda when available, else cpu", choices=DEVICES)
     cache: bool = setting(True, help="embed every image once (--no-cache: every episode)")
-    out: str | None = setting(None, help="JSON result path (default: next to the checkpoint)")
 
     def __post_init__(self) -> None:
         check_fields(self)
+
+    @property
+    def shape(self) -> EpisodeShape:
+        """The episode shape these settings ask for."""
+        return EpisodeShape(self.way, self.shot, self.query, self.episodes_per_batch)
+
+    def accuracies(self, model: FewShotModel, split: ImageSplit, config: dict) -> torch.Tensor:
+        """Per-episode accuracies of `model` (trained with `config`) on these episodes."""
+        return episode_accuracies(
+            model,
+            split,
+            self.shape,
+            self.episodes,
+            self.seed,
+            resolve_device(self.device),
+            cache=self.cache,
+            head_options=config["eval_head_options"],
+            progress=True,
+        )
+
+
+def load_trained(path: str, device: torch.device) -> tuple[FewShotModel, dict]:
+    """A trained model in eval mode and its checked settings, from a `fewshot train` checkpoint."""
+    ckpt = load_checkpoint(path)
+    config = checkpoint_settings(ckpt, path)
+    model, _ = load_model(ckpt, path, device)
+    return model, config
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalSettings(EpisodeSettings):
+    """`fewshot eval`: a checkpoint on seeded episodes, the result as JSON."""
+
+    checkpoint: str = setting(help="a .pt file written by fewshot train")
+    out: str | None = setting(None, help="JSON result path (default: next to the checkpoint)")
+    per_episode: bool = setting(False, help="also write every episode's accuracy to the JSON")
 
     def result_path(self, dataset: str) -> Path:
         """Where the JSON result goes."""
@@ -179,29 +204,19 @@ class EvalSettings:
 
 def run_eval(settings: EvalSettings) -> EvalResult:
     """`fewshot eval`: load a checkpoint, evaluate on seeded episodes, print and write JSON."""
-    device = resolve_device(settings.device)
-    ckpt = load_checkpoint(settings.checkpoint)
-    config = checkpoint_settings(ckpt, settings.checkpoint)
-    model, _ = load_model(ckpt, settings.checkpoint, device)
+    model, config = load_trained(settings.checkpoint, resolve_device(settings.device))
     dataset = settings.dataset or config["dataset"]
     out = settings.result_path(dataset)
     check_writable(out)  # before the work, not after it
     split = load_split(dataset, settings.split, settings.data_root)
-    shape = EpisodeShape(settings.way, settings.shot, settings.query, settings.episodes_per_batch)
-    result = evaluate(
-        model,
-        split,
-        shape,
-        settings.episodes,
-        settings.seed,
-        device,
-        cache=settings.cache,
-        head_options=config["eval_head_options"],
-        progress=True,
-    )
+    accuracies = settings.accuracies(model, split, config)
+    result = EvalResult.of(accuracies, settings.shape, settings.seed)
     print(result.line())
     record = {**asdict(result), "checkpoint": settings.checkpoint, "dataset": dataset}
-    atomic_write_json({**record, "split": settings.split, "cache": settings.cache}, out)
+    record.update(split=settings.split, cache=settings.cache)
+    if settings.per_episode:
+        record["accuracies"] = accuracies.tolist()
+    atomic_write_json(record, out)
     return result
 
 

@@ -45,11 +45,13 @@ def setting(
     choices: Sequence[str] | Callable[[], Iterable[str]] | None = None,
     default_factory: Callable[[], Any] | Any = dataclasses.MISSING,
     flag: bool = True,
+    positional: bool = False,
 ) -> Any:
     """A dataclass field with its help text and allowed range (low <= v, above < v, v <= high,
-    v < below) or choices (a sequence, or a callable for registries filled at import)."""
+    v < below) or choices (a sequence, or a callable for registries filled at import).
+    `positional`: a command-line argument without a flag name."""
     metadata = {"help": help, "low": low, "above": above, "high": high, "below": below}
-    metadata.update(choices=choices, flag=flag)
+    metadata.update(choices=choices, flag=flag, positional=positional)
     return dataclasses.field(default=default, default_factory=default_factory, metadata=metadata)
 
 
@@ -62,9 +64,11 @@ def describe(hint: Any) -> str:
     """'an integer', 'a number', ... for error messages."""
     names = {int: "an integer", float: "a number", str: "a string", bool: "true or false"}
     names.update({dict: "a JSON object", list: "a JSON list"})
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    if args:
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
         return " or ".join(describe(a) for a in args) + " (or null)"
+    if typing.get_origin(hint) is list and typing.get_args(hint):
+        return f"a list of {describe(typing.get_args(hint)[0]).split(' ', 1)[1]}s"
     return names.get(typing.get_origin(hint) or hint, str(hint))
 
 
@@ -81,7 +85,7 @@ def check_type(key: str, hint: Any, value: Any) -> Any:
                 except SettingError:
                     pass
         raise SettingError(key, f"must be {describe(hint)}, got {value!r}")
-    hint = origin or hint
+    full, hint = hint, origin or hint
     if hint is bool:
         ok = isinstance(value, bool)
     elif hint is int:
@@ -93,10 +97,14 @@ def check_type(key: str, hint: Any, value: Any) -> Any:
         value = float(value) if ok else value
     elif hint is dict:
         ok = isinstance(value, dict) and all(isinstance(k, str) for k in value)
+    elif hint is list and typing.get_args(full):
+        ok = isinstance(value, list)
+        if ok:
+            value = [check_type(key, typing.get_args(full)[0], item) for item in value]
     else:
         ok = isinstance(value, hint)
     if not ok:
-        raise SettingError(key, f"must be {describe(hint)}, got {value!r}")
+        raise SettingError(key, f"must be {describe(full)}, got {value!r}")
     return value
 
 
@@ -227,10 +235,25 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
+def _without_none(hint: Any) -> Any:
+    """X for `X | None`, else the hint itself."""
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return next(a for a in typing.get_args(hint) if a is not type(None))
+    return hint
+
+
+def _is_word_list(hint: Any) -> bool:
+    """list[str] and the like: given as several words after one flag."""
+    hint = _without_none(hint)
+    return typing.get_origin(hint) is list and bool(typing.get_args(hint))
+
+
 def _flag_type(hint: Any) -> Callable[[str], Any] | None:
     """How argparse turns a flag's text into the field's type (JSON for objects and lists)."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    base = typing.get_origin(args[0] if args else hint) or (args[0] if args else hint)
+    hint = _without_none(hint)
+    if _is_word_list(hint):
+        return typing.get_args(hint)[0]  # a list of words: nargs="+"
+    base = typing.get_origin(hint) or hint
     if base in (dict, list):
 
         def parse_json(text: str) -> Any:
@@ -258,16 +281,21 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
         shown = json.dumps(default) if isinstance(default, dict | list) else default
         shown_default = not required and default is not None
         help_text = f.metadata["help"] + (f" (default: {shown})" if shown_default else "")
-        kwargs: dict[str, Any] = {"help": help_text.replace("%", "%%"), "dest": f.name}
+        kwargs: dict[str, Any] = {"help": help_text.replace("%", "%%")}
         kwargs["default"] = argparse.SUPPRESS
         if hints[f.name] is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs["type"] = _flag_type(hints[f.name])
+            if _is_word_list(hints[f.name]):
+                kwargs["nargs"] = "+"
             choices = f.metadata["choices"]
             if choices is not None and not callable(choices):
                 kwargs["metavar"] = "{" + ",".join(choices) + "}"
-        parser.add_argument(flag_name(f.name), required=required, **kwargs)
+        if f.metadata.get("positional"):
+            parser.add_argument(f.name, **kwargs)
+        else:
+            parser.add_argument(flag_name(f.name), dest=f.name, required=required, **kwargs)
 
 
 def given_flags(args: argparse.Namespace, cls: type) -> dict:

@@ -1,9 +1,6 @@
-"""Evaluation: the 95% CI formula, seeded episodes, and cache == per-episode embedding."""
+"""Evaluation: seeded episodes, and cache == per-episode embedding."""
 
 from __future__ import annotations
-
-import math
-import statistics
 
 import pytest
 import torch
@@ -11,19 +8,8 @@ import torch
 from fewshot.backbones import Conv4
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeShape
-from fewshot.evaluate import ci95, episode_accuracies, evaluate
+from fewshot.evaluate import episode_accuracies, evaluate
 from fewshot.model import FewShotModel
-
-
-def test_ci95_is_sample_std_over_sqrt_n():
-    acc = torch.tensor([0.5, 0.75, 1.0, 0.25, 1.0])
-    want = 1.96 * statistics.stdev([0.5, 0.75, 1.0, 0.25, 1.0]) / math.sqrt(5)
-    assert ci95(acc) == pytest.approx(want, rel=1e-12)
-    assert ci95(torch.tensor([0.4, 0.6])) == pytest.approx(
-        1.96 * 0.1414213562373095 / 1.4142135623730951
-    )
-    with pytest.raises(ValueError):
-        ci95(torch.tensor([1.0]))
 
 
 def small_split(omniglot_test, classes: int = 40) -> ImageSplit:

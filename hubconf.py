@@ -1,0 +1,37 @@
+"""torch.hub entry points: the backbones, and the Omniglot zoo model ready to embed.
+
+    net = torch.hub.load(REPO, "resnet12", avg_pool=True)            # REPO: a path or owner/name
+    model = torch.hub.load(REPO, "protonet_conv4_omniglot")          # trained, in eval mode
+"""
+
+from pathlib import Path
+
+import torch
+
+from fewshot.backbones import Conv4, ResNet12
+from fewshot.evaluate import load_trained
+from fewshot.model import FewShotModel, build_model
+
+dependencies = ["torch", "torchvision", "numpy", "qpth"]
+
+ZOO = Path(__file__).resolve().parent / "models"
+
+
+def conv4(**kwargs) -> Conv4:
+    """Conv-4 (4 x conv3x3-BN-ReLU-maxpool, 64 channels); kwargs as `fewshot.backbones.Conv4`."""
+    return Conv4(**kwargs)
+
+
+def resnet12(**kwargs) -> ResNet12:
+    """ResNet-12 (64-160-320-640, DropBlock); kwargs as `fewshot.backbones.ResNet12`."""
+    return ResNet12(**kwargs)
+
+
+def protonet_conv4_omniglot(pretrained: bool = True, device: str = "cpu") -> FewShotModel:
+    """The Conv-4 ProtoNet trained on Omniglot's train+val classes (98.75 % 5-way 1-shot),
+    in eval mode; `model.embed(images)` takes float [N, 1, 28, 28] images, ink 1 on 0."""
+    path = ZOO / "omniglot" / "protonet_conv4_trainval.pt"
+    model, config = load_trained(str(path), torch.device(device))
+    if not pretrained:
+        model = build_model({**config, "in_channels": 1, "image_size": 28}).to(device).eval()
+    return model

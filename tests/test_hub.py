@@ -1,0 +1,38 @@
+"""torch.hub entry points load offline from the repository (source='local')."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from fewshot.datasets.sampler import EpisodeShape
+from fewshot.evaluate import evaluate
+from fewshot.io import load_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_backbones_build_through_the_hub():
+    conv = torch.hub.load(str(REPO), "conv4", source="local", image_size=84)
+    assert conv.out_dim == 1600
+    assert conv(torch.zeros(2, 3, 84, 84)).shape == (2, 1600)
+    net = torch.hub.load(str(REPO), "resnet12", source="local", avg_pool=True)
+    assert net.out_dim == 640
+    assert 12.3e6 < sum(p.numel() for p in net.parameters()) < 12.5e6
+
+
+def test_the_zoo_model_is_the_trained_checkpoint_and_classifies(omniglot_test):
+    model = torch.hub.load(str(REPO), "protonet_conv4_omniglot", source="local")
+    saved = load_checkpoint(REPO / "models" / "omniglot" / "protonet_conv4_trainval.pt")
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, saved["model"][key]), key
+    assert not model.training
+    result = evaluate(model, omniglot_test, EpisodeShape(5, 1, 15, 8), 200, 0, torch.device("cpu"))
+    assert result.accuracy > 97.0  # 98.75 % over 2000 such episodes
+    untrained = torch.hub.load(
+        str(REPO), "protonet_conv4_omniglot", source="local", pretrained=False
+    )
+    assert not torch.equal(
+        untrained.backbone.encoder[0][0].weight, model.backbone.encoder[0][0].weight
+    )
