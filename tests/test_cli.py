@@ -230,3 +230,19 @@ def test_the_shipped_checkpoint_resumes_with_its_own_config(capsys, tmp_path):
     args += ["--data-root", str(zoo.parents[1] / "data"), "--device", "cpu"]
     assert main(args) == 0, capsys.readouterr().err
     assert "already finished its 10 epochs" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_ctrl_c_outside_training_steps_is_one_line(capsys, monkeypatch, tmp_path, trained, command):
+    def pressed(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    # Ctrl-C while the data is read: no traceback, the shell's status for SIGINT.
+    monkeypatch.setattr(
+        f"fewshot.{'train' if command == 'train' else 'evaluate'}.load_split", pressed
+    )
+    args = ["--out", str(tmp_path / "r")] if command == "train" else []
+    args += ["--checkpoint", str(trained / "best.pt")] if command == "eval" else []
+    assert main([command, *args]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err == f"fewshot {command}: interrupted"
