@@ -17,7 +17,6 @@ max_iter), but each step factors fewer and smaller matrices.
 from __future__ import annotations
 
 import torch
-from qpth.qp import QPFunction
 
 from fewshot.errors import FewshotError
 from fewshot.heads.episode_inputs import check_query, support_one_hot
@@ -59,6 +58,8 @@ def crammer_singer_dual(
     inequality = torch.kron(eye, basis)
     bound = C * one_hot.reshape(episodes, samples * way)
     no_equality = support.new_empty(0)
+    from qpth.qp import QPFunction  # here: qpth loads cvxpy, seconds that only this head needs
+
     solve = QPFunction(verbose=-1, maxIter=max_iter)
     beta = solve(quadratic, linear, inequality, bound, no_equality, no_equality)
     return beta.reshape(episodes, samples, way - 1) @ basis.T
