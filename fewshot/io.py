@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from fewshot.errors import FewshotError
+from fewshot.errors import FewshotError, summary
 
 
 def _umask() -> int:
@@ -91,11 +91,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:
-        # torch's messages run over many lines; the first one says what went wrong.
-        first = next((line for line in str(e).splitlines() if line.strip()), "")
         raise FewshotError(
             f"cannot read checkpoint {path} (not a torch checkpoint of plain tensors?): "
-            f"{type(e).__name__}: {first}"
+            f"{type(e).__name__}: {summary(e)}"
         ) from None
     if not isinstance(ckpt, dict):
         raise FewshotError(f"checkpoint {path} does not hold a dict of tensors")

@@ -27,7 +27,7 @@ import torch
 
 from fewshot.config import TrainConfig
 from fewshot.datasets import cifar100_fewshot, miniimagenet
-from fewshot.errors import FewshotError
+from fewshot.errors import FewshotError, summary
 from fewshot.io import atomic_torch_save, check_writable, load_checkpoint
 from fewshot.model import build_model
 from fewshot.settings import Command, check_fields, setting
@@ -148,10 +148,8 @@ def import_metaoptnet(ckpt: dict, backbone: str, head: str, dataset: str, source
     try:
         model.load_state_dict(mapped)
     except RuntimeError as e:
-        # torch's first line is a generic title; the next one names the keys or shapes at fault.
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         raise FewshotError(
-            f"{source} does not fit our {backbone} for {dataset} images: {lines[-1][:300]}"
+            f"{source} does not fit our {backbone} for {dataset} images: {summary(e)}"
         ) from None
     return {
         "config": model_config,

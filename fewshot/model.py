@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from fewshot.backbones import build_backbone
-from fewshot.errors import FewshotError
+from fewshot.errors import FewshotError, summary
 from fewshot.heads import get_head
 
 # --amp choices: the autocast dtype of the backbone (heads and QPs always run in float32).
@@ -73,9 +73,8 @@ def load_model(ckpt: dict, path, device: torch.device) -> tuple[FewShotModel, di
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:
-        first = str(e).strip().splitlines()[0]
         raise FewshotError(
             f"{path} does not fit a {config['backbone']} backbone with the {config['head']} head: "
-            f"{first}"
+            f"{summary(e)}"
         ) from None
     return model.to(device).eval(), config

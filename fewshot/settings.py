@@ -178,7 +178,7 @@ def read_json_object(path: str | Path, what: str = "config file") -> dict:
     """A JSON file that must hold an object; one-line errors for every way it can be wrong."""
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = path.read_bytes().decode("utf-8-sig")  # a byte-order mark is harmless
     except FileNotFoundError:
         raise FewshotError(f"{what} not found: {path}") from None
     except IsADirectoryError:

@@ -27,7 +27,7 @@ from fewshot.datasets.sampler import EpisodeSampler, EpisodeShape
 from fewshot.device import images_to_device, resolve_device
 from fewshot.distributed import any_rank, broadcast_from_main, gather_objects, init_distributed
 from fewshot.ehg import draw_splits, episode_loss
-from fewshot.errors import FewshotError
+from fewshot.errors import FewshotError, summary
 from fewshot.evaluate import evaluate
 from fewshot.interrupt import Interrupted, StopRequests
 from fewshot.io import atomic_torch_save, atomic_write_json, atomic_write_text, load_checkpoint
@@ -52,6 +52,10 @@ def make_optimizer(config: TrainConfig, model: FewShotModel) -> torch.optim.Opti
         nesterov=config.momentum > 0,
         weight_decay=config.weight_decay,
     )
+
+
+# What a checkpoint needs to continue a run (an imported or evaluation-only one lacks them).
+RESUME_KEYS = ("model", "optimizer", "epoch", "step", "best_val", "sampler", "rng")
 
 
 class Diverged(FewshotError):
@@ -350,15 +354,36 @@ class Trainer:
                 f"--resume {path}: the run's settings differ in {changes}; only "
                 f"{', '.join(RESUMABLE_KEYS)} may change when a run is resumed"
             )
+        missing = [key for key in RESUME_KEYS if key not in ckpt]
+        if missing:
+            raise FewshotError(
+                f"--resume {path}: cannot continue from it: it has no {', '.join(missing)} "
+                "(an evaluation-only checkpoint?)"
+            )
+        try:
+            self._load_state(ckpt)
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as e:
+            raise FewshotError(
+                f"--resume {path}: the checkpoint is damaged ({type(e).__name__}: {summary(e)})"
+            ) from None
+
+    def _load_state(self, ckpt: dict) -> None:
+        """Put every saved state in place (raising whatever torch raises on damaged states)."""
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         if "scaler" in ckpt:  # checkpoints from before AMP have none (and ran without it)
             self.scaler.load_state_dict(ckpt["scaler"])
-        self.epoch, self.step, self.best_val = ckpt["epoch"], ckpt["step"], ckpt["best_val"]
+        counters = (ckpt["epoch"], ckpt["step"])
+        if not all(isinstance(c, int) and c >= 0 for c in counters):
+            raise ValueError(f"epoch and step must be counts, got {counters}")
+        if counters[1] > self.steps_per_epoch:
+            raise ValueError(f"step {counters[1]} is past the {self.steps_per_epoch} of an epoch")
+        self.epoch, self.step = counters
+        self.best_val = float(ckpt["best_val"])
         progress = ckpt.get("progress", {})
-        self.loss_sum = progress.get("loss_sum", 0.0)
-        self.acc_sum = progress.get("acc_sum", 0.0)
-        self.seconds = progress.get("seconds", 0.0)
+        self.loss_sum = float(progress.get("loss_sum", 0.0))
+        self.acc_sum = float(progress.get("acc_sum", 0.0))
+        self.seconds = float(progress.get("seconds", 0.0))
         self.history = list(ckpt.get("history") or self._logged_history())
         self.sampler.load_state_dict(ckpt["sampler"])
         # Each rank takes its own streams when the checkpoint has them (saved by as many

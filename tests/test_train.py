@@ -239,3 +239,22 @@ def test_resume_refuses_a_different_run(tmp_path):
     Trainer(tiny_config(tmp_path, epochs=1)).fit()
     with pytest.raises(FewshotError, match="differ in shot"):
         Trainer(tiny_config(tmp_path, shot=2), resume=str(tmp_path / "run" / "last.pt"))
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda c: c.pop("optimizer"), "it has no optimizer"),
+        (lambda c: c.update(epoch="x"), "damaged .*epoch and step must be counts"),
+        (lambda c: c.update(step=99), "damaged .*step 99 is past the 3 of an epoch"),
+        (lambda c: c["sampler"].update(generator=torch.zeros(3, dtype=torch.uint8)), "damaged"),
+        (lambda c: c["model"].pop("scale"), "damaged .*Missing key"),
+    ],
+)
+def test_a_damaged_checkpoint_is_refused_on_resume(tmp_path, damage, message):
+    Trainer(tiny_config(tmp_path, epochs=1)).fit()
+    ckpt = load_checkpoint(tmp_path / "run" / "last.pt")
+    damage(ckpt)
+    torch.save(ckpt, tmp_path / "damaged.pt")
+    with pytest.raises(FewshotError, match=message):
+        Trainer(tiny_config(tmp_path, epochs=2), resume=str(tmp_path / "damaged.pt"))

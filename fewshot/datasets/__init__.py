@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fewshot.datasets.base import ImageSplit
-from fewshot.errors import FewshotError
+from fewshot.errors import FewshotError, summary
 
 # name -> reader(data_root, split) -> ImageSplit. Readers register themselves below.
 READERS: dict[str, Callable[[Path, str], ImageSplit]] = {}
@@ -49,9 +49,8 @@ def load_split(dataset: str, split: str, data_root: str | os.PathLike | None = N
         return READERS[dataset](root, split)
     except (OSError, ValueError, EOFError, zlib.error, zipfile.BadZipFile) as e:
         # The readers name the file at fault where they can; this is the net below them.
-        first = next((line for line in str(e).splitlines() if line.strip()), "")
         raise FewshotError(
-            f"cannot read {dataset} {split!r} under {root}: {type(e).__name__}: {first}"
+            f"cannot read {dataset} {split!r} under {root}: {type(e).__name__}: {summary(e)}"
         ) from None
 
 
