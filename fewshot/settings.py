@@ -221,9 +221,11 @@ def build(cls: type[T], layers: Sequence[tuple[str, dict]]) -> T:
         return cls(**values)
     except SettingError as e:
         key = e.key.split(".")[0]
-        label = origin.get(key, "defaults")
+        label = origin.get(key)
         if label == "flags":
             raise FewshotError(f"{flag_name(e.key)} {e.problem}") from None
+        if label is None:  # a default that another given value rules out
+            raise FewshotError(f"{flag_name(e.key)} {e.problem} (its default; set it)") from None
         raise FewshotError(f'{label}: "{e.key}" {e.problem}') from None
 
 

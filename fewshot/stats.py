@@ -13,7 +13,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-from scipy import stats
 
 
 def ci95(accuracies: torch.Tensor) -> float:
@@ -51,6 +50,8 @@ def seeds_ci(values: Sequence[float]) -> tuple[float, float]:
     n = len(values)
     if n < 2:
         raise ValueError("an interval across seeds needs at least two seeds")
+    from scipy import stats  # here: scipy.stats takes half a second to import
+
     x = torch.tensor(values, dtype=torch.float64)
     t = float(stats.t.ppf(0.975, n - 1))
     return float(x.mean()), t * float(x.std(unbiased=True)) / math.sqrt(n)
@@ -68,6 +69,8 @@ def paired_seeds_ci(a: Sequence[float], b: Sequence[float]) -> Difference:
 
 def _paired_t_p(a: torch.Tensor, b: torch.Tensor) -> float:
     """Two-sided p-value of the paired t-test of b against a (1.0 when all differences are 0)."""
+    from scipy import stats
+
     diff = (b.double() - a.double()).numpy()
     if not diff.any():
         return 1.0

@@ -15,7 +15,6 @@ import zlib
 from pathlib import Path, PurePosixPath
 
 import torch
-from torchvision.io import ImageReadMode, decode_jpeg
 
 from fewshot.datasets.base import ImageSplit
 from fewshot.errors import FewshotError
@@ -47,6 +46,9 @@ def _members(path: Path, split: str) -> list[tuple[int, str, bytes]]:
 
 def decode(data: bytes, path: Path, member: str) -> torch.Tensor:
     """One 32x32 JPEG as uint8 [3, 32, 32]; a FewshotError naming the member if it cannot be."""
+    # Imported here: torchvision takes a second or more to import, which every command paid.
+    from torchvision.io import ImageReadMode, decode_jpeg
+
     try:
         image = decode_jpeg(torch.frombuffer(bytearray(data), dtype=torch.uint8), ImageReadMode.RGB)
     except RuntimeError as e:
