@@ -91,7 +91,7 @@ REFUSED = [
     (
         REG.format(method="trhg", tmp="{tmp}"),
         "--inner-steps 4",
-        '"truncate" must be <= inner_steps',
+        "--truncate must be <= inner_steps (4), got 32 (its default",
     ),
     (
         REG.format(method="oehg", tmp="{tmp}"),
@@ -103,7 +103,11 @@ REFUSED = [
     (CLEAN.format(method="oehg", tmp="{tmp}"), "--seed -1", "--seed must be >= 0"),
     (CLEAN.format(method="oehg", tmp="{tmp}"), "--noise 1.0", "--noise must be >= 0 and < 1"),
     (CLEAN.format(method="rhg", tmp="{tmp}"), "--splits 3", "--splits applies to oehg only"),
-    (CLEAN.format(method="trhg", tmp="{tmp}"), "--inner-steps 2", '"truncate" must be <= inner'),
+    (
+        CLEAN.format(method="trhg", tmp="{tmp}"),
+        "--inner-steps 2",
+        "--truncate must be <= inner_steps (2)",
+    ),
     (
         CLEAN.format(method="oehg", tmp="{tmp}"),
         "--splits 30",
