@@ -1,7 +1,8 @@
 """torch.hub entry points: the backbones, and the Omniglot zoo model ready to embed.
 
-    net = torch.hub.load(REPO, "resnet12", avg_pool=True)            # REPO: a path or owner/name
-    model = torch.hub.load(REPO, "protonet_conv4_omniglot")          # trained, in eval mode
+torch.hub.load(REPO, "resnet12", avg_pool=True) builds a backbone (REPO: a clone's path with
+source="local", or the GitHub owner/name); torch.hub.load(REPO, "protonet_conv4_omniglot")
+returns the trained model in eval mode.
 """
 
 from pathlib import Path

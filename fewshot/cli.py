@@ -13,7 +13,7 @@ from fewshot.interrupt import Interrupted, exit_status, signals_raise
 from fewshot.metaoptnet_import import COMMANDS as IMPORT_COMMANDS
 from fewshot.plot import COMMANDS as PLOT_COMMANDS
 from fewshot.settings import Command, OneLineParser, add_flags
-from fewshot.train import COMMANDS as TRAIN_COMMANDS
+from fewshot.train_command import COMMANDS as TRAIN_COMMANDS
 
 COMMANDS: list[Command] = [
     *TRAIN_COMMANDS,

@@ -47,6 +47,11 @@ class FewShotModel(nn.Module):
         return self.embed(images)
 
 
+def non_finite(state: dict[str, torch.Tensor]) -> list[str]:
+    """The names of the floating-point tensors of a state dict that hold a NaN or an infinity."""
+    return [k for k, v in state.items() if v.is_floating_point() and not v.isfinite().all()]
+
+
 def build_model(config: dict) -> FewShotModel:
     """Build the model a config describes (keys backbone, backbone_options, head, head_options,
     in_channels, image_size)."""
@@ -67,7 +72,7 @@ def load_model(ckpt: dict, path, device: torch.device) -> tuple[FewShotModel, di
     if not isinstance(config, dict) or "model" not in ckpt:
         raise FewshotError(f"{path} is not a fewshot training checkpoint (no config/model)")
     model = build_model(config)
-    bad = [k for k, v in ckpt["model"].items() if v.is_floating_point() and not v.isfinite().all()]
+    bad = non_finite(ckpt["model"])
     if bad:
         raise FewshotError(f"{path} holds non-finite weights ({', '.join(bad[:3])}); not using it")
     try:

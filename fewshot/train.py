@@ -9,17 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import time
-from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from fewshot.config import RESUMABLE_KEYS, TrainConfig, checkpoint_settings, read_config_file
+from fewshot.config import TrainConfig
 from fewshot.datasets import load_split
 from fewshot.datasets.augment import TrainAugment
 from fewshot.datasets.base import ImageSplit
@@ -27,13 +24,13 @@ from fewshot.datasets.sampler import EpisodeSampler, EpisodeShape
 from fewshot.device import images_to_device, resolve_device
 from fewshot.distributed import any_rank, broadcast_from_main, gather_objects, init_distributed
 from fewshot.ehg import draw_splits, episode_loss
-from fewshot.errors import FewshotError, summary
+from fewshot.errors import FewshotError
 from fewshot.evaluate import evaluate
 from fewshot.interrupt import Interrupted, StopRequests
 from fewshot.io import atomic_torch_save, atomic_write_json, atomic_write_text, load_checkpoint
-from fewshot.model import FewShotModel, build_model
+from fewshot.model import FewShotModel, build_model, non_finite
+from fewshot.resume import checkpoint_state, restore, rng_state
 from fewshot.run_folder import RunFolder
-from fewshot.settings import Command, SettingError, check_fields, setting
 
 
 def model_config(config: TrainConfig, split: ImageSplit) -> dict:
@@ -52,10 +49,6 @@ def make_optimizer(config: TrainConfig, model: FewShotModel) -> torch.optim.Opti
         nesterov=config.momentum > 0,
         weight_decay=config.weight_decay,
     )
-
-
-# What a checkpoint needs to continue a run (an imported or evaluation-only one lacks them).
-RESUME_KEYS = ("model", "optimizer", "epoch", "step", "best_val", "sampler", "rng")
 
 
 class Diverged(FewshotError):
@@ -122,7 +115,7 @@ class Trainer:
         self.stops = StopRequests()
         if resume:
             ckpt = checkpoint if checkpoint is not None else load_checkpoint(resume, self.device)
-            self._restore(ckpt, resume)
+            restore(self, ckpt, resume)
 
     @property
     def steps_per_epoch(self) -> int:
@@ -247,7 +240,7 @@ class Trainer:
     def _finish_epoch(self) -> None:
         """Validate, log and checkpoint; an interruption in validation saves the epoch's
         trained state, and the resumed run validates it again."""
-        self.rank_rngs = gather_objects(self._rng_state(), self.dist)
+        self.rank_rngs = gather_objects(rng_state(self), self.dist)
         record, stopped = None, 0
         if self.dist.is_main:
             try:
@@ -289,7 +282,7 @@ class Trainer:
 
     def _save_and_stop(self, signum: int, where: str) -> None:
         """Save last.pt at this step boundary and stop the run."""
-        self.rank_rngs = gather_objects(self._rng_state(), self.dist)
+        self.rank_rngs = gather_objects(rng_state(self), self.dist)
         last = self.run_dir / "last.pt"
         self.save(last)
         raise Interrupted(
@@ -304,168 +297,12 @@ class Trainer:
         atomic_write_text(lines, self.run_dir / "metrics.jsonl")
 
     def save(self, path: Path) -> None:
-        """Atomically write everything needed to evaluate or resume exactly (rank 0 only)."""
+        """Atomically write everything needed to evaluate or resume exactly (rank 0 only);
+        never non-finite weights."""
         if not self.dist.is_main:
             return
-        model_state = self.model.state_dict()
-        bad = [
-            k for k, v in model_state.items() if v.is_floating_point() and not v.isfinite().all()
-        ]
+        state = checkpoint_state(self)
+        bad = non_finite(state["model"])
         if bad:
             raise Diverged(f"not saving {path}: non-finite values in {', '.join(bad[:3])}")
-        state = {
-            "config": self.model_config,
-            "model": model_state,
-            "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict(),
-            "epoch": self.epoch,
-            "step": self.step,
-            "best_val": self.best_val,
-            "progress": {
-                "loss_sum": self.loss_sum,
-                "acc_sum": self.acc_sum,
-                "seconds": self.seconds,
-            },
-            "history": self.history,
-            "sampler": self.sampler.state_dict(),
-            "rng": self._rng_state(),
-        }
-        if self.rank_rngs is not None:
-            state["rank_rngs"] = self.rank_rngs
         atomic_torch_save(state, path)
-
-    def _rng_state(self) -> dict:
-        """This process's random streams."""
-        return {
-            "torch": torch.get_rng_state(),
-            "split": self.split_rng.get_state(),
-            "augment": self.augment_rng.get_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        }
-
-    def _restore(self, ckpt: dict, path: str) -> None:
-        """Continue a run from `path` where it stopped."""
-        saved = checkpoint_settings(ckpt, path)
-        mine = self.config.to_dict()
-        diff = sorted(k for k in mine if k not in RESUMABLE_KEYS and saved.get(k) != mine[k])
-        if diff:
-            changes = ", ".join(f"{k} ({saved.get(k)!r} -> {mine[k]!r})" for k in diff)
-            raise FewshotError(
-                f"--resume {path}: the run's settings differ in {changes}; only "
-                f"{', '.join(RESUMABLE_KEYS)} may change when a run is resumed"
-            )
-        missing = [key for key in RESUME_KEYS if key not in ckpt]
-        if missing:
-            raise FewshotError(
-                f"--resume {path}: cannot continue from it: it has no {', '.join(missing)} "
-                "(an evaluation-only checkpoint?)"
-            )
-        try:
-            self._load_state(ckpt)
-        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as e:
-            raise FewshotError(
-                f"--resume {path}: the checkpoint is damaged ({type(e).__name__}: {summary(e)})"
-            ) from None
-
-    def _load_state(self, ckpt: dict) -> None:
-        """Put every saved state in place (raising whatever torch raises on damaged states)."""
-        self.model.load_state_dict(ckpt["model"])
-        self.optimizer.load_state_dict(ckpt["optimizer"])
-        if "scaler" in ckpt:  # checkpoints from before AMP have none (and ran without it)
-            self.scaler.load_state_dict(ckpt["scaler"])
-        counters = (ckpt["epoch"], ckpt["step"])
-        if not all(isinstance(c, int) and c >= 0 for c in counters):
-            raise ValueError(f"epoch and step must be counts, got {counters}")
-        if counters[1] > self.steps_per_epoch:
-            raise ValueError(f"step {counters[1]} is past the {self.steps_per_epoch} of an epoch")
-        self.epoch, self.step = counters
-        self.best_val = float(ckpt["best_val"])
-        progress = ckpt.get("progress", {})
-        self.loss_sum = float(progress.get("loss_sum", 0.0))
-        self.acc_sum = float(progress.get("acc_sum", 0.0))
-        self.seconds = float(progress.get("seconds", 0.0))
-        self.history = list(ckpt.get("history") or self._logged_history())
-        self.sampler.load_state_dict(ckpt["sampler"])
-        # Each rank takes its own streams when the checkpoint has them (saved by as many
-        # processes); otherwise (another process count) rank 0's.
-        rank_rngs = ckpt.get("rank_rngs")
-        same_world = rank_rngs is not None and len(rank_rngs) == self.dist.world
-        rng = rank_rngs[self.dist.rank] if same_world else ckpt["rng"]
-        torch.set_rng_state(rng["torch"])
-        self.split_rng.set_state(rng["split"])
-        self.augment_rng.set_state(rng["augment"])
-        if rng["cuda"] and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-
-    def _logged_history(self) -> list[dict]:
-        """For checkpoints older than the saved history: the rows already in metrics.jsonl."""
-        path = self.run_dir / "metrics.jsonl"
-        if not path.is_file():
-            return []
-        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-        return [row for row in rows if row.get("epoch", math.inf) <= self.epoch]
-
-
-@dataclass(frozen=True)
-class TrainRun:
-    """How `fewshot train` is started: from a config file, or continuing a checkpoint."""
-
-    config: str | None = setting(
-        None, help="JSON config file (e.g. from models/); flags override it"
-    )
-    resume: str | None = setting(
-        None, help="continue the run of this checkpoint (in its folder unless --out is given)"
-    )
-    overwrite: bool = setting(False, help="let a fresh run replace the run its --out folder holds")
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        if self.resume and self.overwrite:
-            raise SettingError("overwrite", "cannot be combined with --resume")
-
-    @cached_property
-    def checkpoint(self) -> dict | None:
-        """The contents of --resume (read once)."""
-        return load_checkpoint(self.resume) if self.resume else None
-
-    def sources(self) -> list[tuple[str, dict]]:
-        """Layers under the flags: the resumed run's settings, the config file, and the
-        resumed run's folder as --out."""
-        layers = []
-        if self.resume:
-            layers.append(
-                (f"checkpoint {self.resume}", checkpoint_settings(self.checkpoint, self.resume))
-            )
-        if self.config:
-            layers.append((f"config file {self.config}", read_config_file(self.config)))
-        if self.resume:
-            layers.append(("--resume", {"out": str(Path(self.resume).parent)}))
-        return layers
-
-
-def run_train(run: TrainRun, config: TrainConfig) -> Path:
-    """`fewshot train`: lock the run folder, read the data, train."""
-    dist = init_distributed(resolve_device(config.device))
-    with contextlib.ExitStack() as stack:
-        folder = None
-        if dist.is_main:  # refuse a busy or occupied folder before reading any data
-            fresh = run.resume is None
-            folder = stack.enter_context(RunFolder(config.out, fresh, run.overwrite))
-        trainer = Trainer(config, resume=run.resume, checkpoint=run.checkpoint)
-        if trainer.epoch >= config.epochs:
-            print(f"the run already finished its {config.epochs} epochs (raise --epochs to go on)")
-            return trainer.run_dir
-        run_dir = trainer.fit(folder)
-    if dist.is_main:
-        print(f"checkpoints in {run_dir}: best.pt (best validation), last.pt")
-    return run_dir
-
-
-COMMANDS = [
-    Command(
-        ("train",),
-        "episodic meta-training (resumable; see --resume)",
-        (TrainRun, TrainConfig),
-        run_train,
-    )
-]

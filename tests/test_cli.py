@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 import torch
 
-from fewshot.cli import main
+from fewshot.cli import COMMANDS, main
 
 
 @pytest.fixture(autouse=True)
@@ -246,3 +247,18 @@ def test_ctrl_c_outside_training_steps_is_one_line(capsys, monkeypatch, tmp_path
     assert main([command, *args]) == 130
     err = capsys.readouterr().err.strip()
     assert err == f"fewshot {command}: interrupted"
+
+
+@pytest.mark.parametrize(
+    "path", [c.path for c in COMMANDS], ids=[" ".join(c.path) for c in COMMANDS]
+)
+def test_every_command_has_help_with_its_settings(capsys, path):
+    with pytest.raises(SystemExit) as done:
+        main([*path, "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    command = next(c for c in COMMANDS if c.path == path)
+    for cls in command.settings:
+        for f in (f for f in dataclasses.fields(cls) if f.metadata.get("flag")):
+            shown = f.name if f.metadata.get("positional") else "--" + f.name.replace("_", "-")
+            assert shown in text, shown

@@ -1,10 +1,10 @@
 """Regularization tables (paper Tables 7-2, 7-3; 7-4 with --high-dim) next to the paper's numbers.
 
-Runs `fewshot.hpo.regularization.run` for every (model, dataset, method) cell and seed, saves each
-run's JSON under OUT/runs/ (finished runs are skipped when re-invoked, so the script can resume;
-git ignores runs/ folders), and writes OUT/NAME.md and OUT/NAME.json with mean test loss (and
-accuracy) over seeds, each followed by the paper's number in parentheses. OUT defaults to this
-study's folder, NAME to "table".
+Runs `fewshot.hpo.tasks.regularization.run` for every (model, dataset, method) cell and seed,
+saves each run's JSON under OUT/runs/ (finished runs are skipped when re-invoked, so the script
+can resume; git ignores runs/ folders), and writes OUT/NAME.md and OUT/NAME.json with mean test
+loss (and accuracy) over seeds, each followed by the paper's number in parentheses. OUT defaults
+to this study's folder, NAME to "table".
 
 The paper used T = 10000 outer steps with K = 128 for every method and 5 repeats. The defaults here
 are reduced to fit a shared 2-core CPU and give every method about the same inner-step budget:
