@@ -6,13 +6,30 @@ uniform start). Any dict of tensors works with `fewshot.hpo`'s estimators.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
+from fewshot.config import DEVICES
 from fewshot.errors import FewshotError
+from fewshot.hpo.optimize import METHODS
+from fewshot.settings import setting
 
 CLASSIFIERS = ("sr", "mlp")
 MLP_HIDDEN = 300
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassifierTask:
+    """The settings the two image tasks (cleaning, image regularization) share."""
+
+    model: str = setting(help="classifier", choices=CLASSIFIERS)
+    method: str = setting(help="hypergradient method", choices=METHODS)
+    splits: int | None = setting(None, help="U, oehg only (default 5 for oehg, else 1)", low=1)
+    out: str = setting(help="folder for the JSON result")
+    data_root: str | None = setting(None, help="folder holding mnist/ ... (default: data/)")
+    device: str = setting("auto", help="auto = cuda when available, else cpu", choices=DEVICES)
 
 
 def init_classifier(kind: str, in_dim: int, num_classes: int, seed: int) -> dict[str, torch.Tensor]:

@@ -19,13 +19,11 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from fewshot.config import DEVICES
 from fewshot.device import resolve_device
 from fewshot.hpo.batches import Minibatches
 from fewshot.hpo.ensemble import StepCallback
 from fewshot.hpo.hypergrad import Bilevel
 from fewshot.hpo.optimize import (
-    METHODS,
     OEHG_SPLITS,
     Budget,
     check_method_settings,
@@ -33,7 +31,7 @@ from fewshot.hpo.optimize import (
     split_count,
 )
 from fewshot.hpo.tasks.classifiers import (
-    CLASSIFIERS,
+    ClassifierTask,
     classifier_logits,
     classifier_scores,
     init_classifier,
@@ -50,17 +48,11 @@ from fewshot.settings import SettingError, check_fields, seed_setting, setting
 
 
 @dataclass(frozen=True, kw_only=True)
-class Settings:
+class Settings(ClassifierTask):
     """`fewshot hpo cleaning`: everything a run depends on (the paper's setting, our steps)."""
 
     dataset: str = setting(help="image set", choices=CLEANING_DATASETS)
-    model: str = setting(help="classifier", choices=CLASSIFIERS)
-    method: str = setting(help="hypergradient method", choices=METHODS)
-    splits: int | None = setting(None, help="U, oehg only (default 5 for oehg, else 1)", low=1)
     seed: int = seed_setting(0, help="seed of the data draw, corruption, model and batches")
-    out: str = setting(help="folder for the JSON result")
-    data_root: str | None = setting(None, help="folder holding mnist/ ... (default: data/)")
-    device: str = setting("auto", help="auto = cuda when available, else cpu", choices=DEVICES)
     noise: float = setting(0.5, help="share of corrupted labels", low=0, below=1)
     n_train: int = setting(8000, help="training examples", low=1)
     n_val: int = setting(2000, help="validation examples", low=1)

@@ -19,16 +19,15 @@ from dataclasses import asdict, dataclass, field, replace
 import torch
 import torch.nn.functional as F
 
-from fewshot.config import DEVICES
 from fewshot.device import resolve_device
 from fewshot.errors import FewshotError
 from fewshot.hpo.batches import Minibatches
 from fewshot.hpo.ensemble import StepCallback
 from fewshot.hpo.hypergrad import Bilevel
-from fewshot.hpo.optimize import METHODS, Budget, check_method_settings, optimize, split_count
+from fewshot.hpo.optimize import Budget, check_method_settings, optimize, split_count
 from fewshot.hpo.splits import make_splits
 from fewshot.hpo.tasks.classifiers import (
-    CLASSIFIERS,
+    ClassifierTask,
     classifier_logits,
     classifier_scores,
     init_classifier,
@@ -88,17 +87,11 @@ def regularization_problem(inner_lr: float) -> Bilevel:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Settings:
+class Settings(ClassifierTask):
     """`fewshot hpo image-regularization` (paper's protocol; step counts fit a small CPU)."""
 
     dataset: str = setting(help="image set", choices=IMAGE_DATASETS)
-    model: str = setting(help="classifier", choices=CLASSIFIERS)
-    method: str = setting(help="hypergradient method", choices=METHODS)
-    splits: int | None = setting(None, help="U, oehg only (default 5 for oehg, else 1)", low=1)
     seed: int = seed_setting(0, help="seed of the data draw, splits, model and batches")
-    out: str = setting(help="folder for the JSON result")
-    data_root: str | None = setting(None, help="folder holding mnist/ ... (default: data/)")
-    device: str = setting("auto", help="auto = cuda when available, else cpu", choices=DEVICES)
     gamma: float = setting(0.2, help="validation share", above=0, below=1, flag=False)
     outer_steps: int | None = setting(None, help="T (default: equal budgets)", low=1)
     inner_steps: int = setting(128, help="K of RHG / T-RHG / AID", low=1)
