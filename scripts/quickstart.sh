@@ -5,6 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 out=runs/quickstart
-.venv/bin/fewshot train --config models/omniglot/quickstart.json --out "$out"
+# --overwrite: running the quickstart again replaces its previous run.
+.venv/bin/fewshot train --config models/omniglot/quickstart.json --out "$out" --overwrite
 .venv/bin/fewshot eval --checkpoint "$out/best.pt" --way 5 --shot 1 --query 15 \
     --episodes 1000 --seed 0
