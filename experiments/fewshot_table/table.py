@@ -164,6 +164,8 @@ def commands(run: Run, args: argparse.Namespace) -> list[list[str]]:
             train += ["--episodes-per-epoch", str(args.episodes_per_epoch)]
         if not args.dry_run and (run_dir / "last.pt").is_file():
             train += ["--resume", str(run_dir / "last.pt")]
+        elif not args.dry_run:
+            train += ["--overwrite"]  # a run killed before its first checkpoint left nothing
         out.append(train)
     evaluation = [
         "fewshot", "eval", "--checkpoint", str(run_dir / "best.pt"), "--split", "test",
