@@ -305,11 +305,6 @@ def given_flags(args: argparse.Namespace, cls: type) -> dict:
     return {k: v for k, v in vars(args).items() if k in settings_keys(cls)}
 
 
-def from_flags(cls: type[T], args: argparse.Namespace) -> T:
-    """Build settings from defaults and the flags that were given."""
-    return build(cls, [("flags", given_flags(args, cls))])
-
-
 @dataclasses.dataclass(frozen=True)
 class Command:
     """One `fewshot` sub-command: its settings dataclasses (their fields are its flags) and
