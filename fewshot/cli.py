@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from fewshot.compare import COMMANDS as COMPARE_COMMANDS
+from fewshot.convert import COMMANDS as CONVERT_COMMANDS
 from fewshot.errors import FewshotError
 from fewshot.evaluate import COMMANDS as EVAL_COMMANDS
 from fewshot.hpo.cli import COMMANDS as HPO_COMMANDS
@@ -21,6 +22,7 @@ COMMANDS: list[Command] = [
     *COMPARE_COMMANDS,
     *PLOT_COMMANDS,
     *IMPORT_COMMANDS,
+    *CONVERT_COMMANDS,
     *HPO_COMMANDS,
 ]
 

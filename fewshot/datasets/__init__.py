@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fewshot.datasets.base import ImageSplit
+from fewshot.datasets.memmap import memmap_folder, read_memmap
 from fewshot.errors import FewshotError, summary
 
 # name -> reader(data_root, split) -> ImageSplit. Readers register themselves below.
@@ -40,11 +41,17 @@ def resolve_data_root(data_root: str | os.PathLike | None = None) -> Path:
     return root
 
 
-def load_split(dataset: str, split: str, data_root: str | os.PathLike | None = None) -> ImageSplit:
-    """Read one split ('train', 'val', 'test', ...) of a dataset by name."""
+def load_split(
+    dataset: str, split: str, data_root: str | os.PathLike | None = None, converted: bool = True
+) -> ImageSplit:
+    """Read one split ('train', 'val', 'test', ...) of a dataset by name; a split converted by
+    `fewshot convert` is mapped from its arrays (`converted=False`: always use the reader)."""
     if dataset not in READERS:
         raise FewshotError(f"unknown dataset {dataset!r}; choose from {', '.join(dataset_names())}")
     root = resolve_data_root(data_root)
+    mapped = read_memmap(memmap_folder(root, dataset, split)) if converted else None
+    if mapped is not None:
+        return mapped
     try:
         return READERS[dataset](root, split)
     except (OSError, ValueError, EOFError, zlib.error, zipfile.BadZipFile) as e:
