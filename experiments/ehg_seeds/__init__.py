@@ -1,0 +1,1 @@
+"""EHG across training seeds on Omniglot (see README.md)."""
