@@ -35,10 +35,11 @@ class RunFolder:
             self._check_writable()
             held = [name for name in RUN_FILES if (self.path / name).exists()]
             if fresh and held and not overwrite:
+                last = self.path / "last.pt"
+                resume = f"continue it with --resume {last}, " if last.exists() else ""
                 raise FewshotError(
-                    f"run folder {self.path} already holds a run ({', '.join(held)}); continue "
-                    f"it with --resume {self.path / 'last.pt'}, replace it with --overwrite, or "
-                    "choose another --out"
+                    f"run folder {self.path} already holds a run ({', '.join(held)}); {resume}"
+                    "replace it with --overwrite, or choose another --out"
                 )
             if fresh and overwrite:
                 for name in held:
