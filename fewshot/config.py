@@ -11,7 +11,7 @@ from fewshot.datasets import dataset_names
 from fewshot.ehg import distinct_splits
 from fewshot.errors import FewshotError
 from fewshot.heads import HEADS
-from fewshot.model import AMP_DTYPES
+from fewshot.precision import amp_setting
 from fewshot.settings import (
     SettingError,
     build,
@@ -73,7 +73,7 @@ class TrainConfig:
     label_smoothing: float = setting(0.0, help="label smoothing of the query loss", low=0, below=1)
     augment: bool = setting(False, help="MetaOptNet's training augmentation")
     channels_last: bool = setting(True, help="channels_last memory format for the backbone")
-    amp: str = setting("off", help="autocast dtype for the backbone", choices=tuple(AMP_DTYPES))
+    amp: str = amp_setting()
     seed: int = seed_setting(0, help="seed of the episodes, splits, augmentation and weights")
     device: str = setting("auto", help="auto = cuda when available, else cpu", choices=DEVICES)
     out: str = setting("runs/default", help="run folder (checkpoints, metrics.jsonl)")

@@ -20,6 +20,7 @@ from fewshot.ehg import episode_loss
 from fewshot.interrupt import Interrupted
 from fewshot.io import atomic_write_json, check_writable, load_checkpoint
 from fewshot.model import FewShotModel, load_model
+from fewshot.precision import amp_setting, precision_name
 from fewshot.settings import Command, check_fields, seed_setting, setting
 from fewshot.stats import ci95
 
@@ -154,6 +155,7 @@ class EpisodeSettings:
     seed: int = seed_setting(0, help="seed of the test episodes")
     device: str = setting("auto", help="auto = cuda when available, else cpu", choices=DEVICES)
     cache: bool = setting(True, help="embed every image once (--no-cache: every episode)")
+    amp: str = amp_setting()
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -164,7 +166,9 @@ class EpisodeSettings:
         return EpisodeShape(self.way, self.shot, self.query, self.episodes_per_batch)
 
     def accuracies(self, model: FewShotModel, split: ImageSplit, config: dict) -> torch.Tensor:
-        """Per-episode accuracies of `model` (trained with `config`) on these episodes."""
+        """Per-episode accuracies of `model` (trained with `config`) on these episodes, its
+        backbone in this evaluation's precision (whatever it was trained in)."""
+        model.amp = self.amp
         return episode_accuracies(
             model,
             split,
@@ -213,7 +217,8 @@ def run_eval(settings: EvalSettings) -> EvalResult:
     result = EvalResult.of(accuracies, settings.shape, settings.seed)
     print(result.line())
     record = {**asdict(result), "checkpoint": settings.checkpoint, "dataset": dataset}
-    record.update(split=settings.split, cache=settings.cache)
+    precision = precision_name(settings.amp, resolve_device(settings.device).type)
+    record.update(split=settings.split, cache=settings.cache, precision=precision)
     if settings.per_episode:
         record["accuracies"] = accuracies.tolist()
     atomic_write_json(record, out)

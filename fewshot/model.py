@@ -8,21 +8,19 @@ from torch import nn
 from fewshot.backbones import build_backbone
 from fewshot.errors import FewshotError, summary
 from fewshot.heads import get_head
-
-# --amp choices: the autocast dtype of the backbone (heads and QPs always run in float32).
-AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+from fewshot.precision import AMP_CHOICES, autocast_dtype
 
 
 class FewShotModel(nn.Module):
     """Embeds images with `backbone` and classifies episodes with a head function."""
 
     def __init__(
-        self, backbone: nn.Module, head: str, head_options: dict | None = None, amp: str = "off"
+        self, backbone: nn.Module, head: str, head_options: dict | None = None, amp: str = "auto"
     ):
         super().__init__()
-        if amp not in AMP_DTYPES:
-            raise FewshotError(f"--amp must be one of {', '.join(AMP_DTYPES)}, not {amp!r}")
-        self.amp_dtype = AMP_DTYPES[amp]
+        if amp not in AMP_CHOICES:
+            raise FewshotError(f"--amp must be one of {', '.join(AMP_CHOICES)}, not {amp!r}")
+        self.amp = amp  # resolved on the device of each call ('auto': bf16 where native)
         self.backbone = backbone
         self.head_name = head
         self.head_fn = get_head(head)
@@ -36,9 +34,10 @@ class FewShotModel(nn.Module):
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """Flat float32 features [N, d] of normalised images [N, C, H, W] (autocast if amp)."""
-        if self.amp_dtype is None:
+        dtype = autocast_dtype(self.amp, images.device.type)
+        if dtype is None:
             return self.backbone(images)
-        with torch.autocast(images.device.type, dtype=self.amp_dtype):
+        with torch.autocast(images.device.type, dtype=dtype):
             features = self.backbone(images)
         return features.float()
 
@@ -62,7 +61,7 @@ def build_model(config: dict) -> FewShotModel:
         **config.get("backbone_options", {}),
     )
     return FewShotModel(
-        backbone, config["head"], config.get("head_options", {}), config.get("amp", "off")
+        backbone, config["head"], config.get("head_options", {}), config.get("amp", "auto")
     )
 
 

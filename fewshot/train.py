@@ -29,6 +29,7 @@ from fewshot.evaluate import evaluate
 from fewshot.interrupt import Interrupted, StopRequests
 from fewshot.io import atomic_torch_save, atomic_write_json, atomic_write_text, load_checkpoint
 from fewshot.model import FewShotModel, build_model, non_finite
+from fewshot.precision import precision_name
 from fewshot.resume import checkpoint_state, restore, rng_state
 from fewshot.run_folder import RunFolder
 
@@ -91,7 +92,8 @@ class Trainer:
         if config.channels_last:
             self.model.to(memory_format=torch.channels_last)
         self.optimizer = make_optimizer(config, self.model)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=config.amp == "fp16")
+        self.precision = precision_name(config.amp, self.device.type)
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.precision == "fp16")
         # Every rank draws the same full batch and keeps its own share of the episodes, so a
         # step sees the episodes a single process would (gradients are averaged by DDP).
         self.forward_model = self.model
@@ -194,6 +196,7 @@ class Trainer:
                 folder = stack.enter_context(RunFolder(self.run_dir, fresh=not self.resumed))
             stack.enter_context(self.stops)
             if self.dist.is_main:
+                tqdm.write(f"training on {self.device.type}, backbone in {self.precision}")
                 atomic_write_json(self.model_config, self.run_dir / "config.json")
                 self._write_metrics()  # drops rows a killed run wrote after its checkpoint
             while self.epoch < self.config.epochs:
@@ -278,6 +281,7 @@ class Trainer:
             "val_acc": val_acc,
             "val_ci95": val_ci,
             "seconds": self.seconds,
+            "precision": self.precision,
         }
 
     def _save_and_stop(self, signum: int, where: str) -> None:
