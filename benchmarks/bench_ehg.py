@@ -103,7 +103,8 @@ def main() -> None:
                 base = None
                 for u in map(int, args.splits.split(",")):
                     config = TrainConfig(
-                        dataset="synthetic",
+                        dataset="miniimagenet",  # a stand-in: the splits are given
+                        amp="off",  # float32: bench_precision compares precisions
                         backbone=backbone,
                         head=head,
                         way=5,
@@ -111,6 +112,7 @@ def main() -> None:
                         query=15,
                         episodes_per_batch=2,
                         ehg_splits=u,
+                        lr=1e-3,  # steps repeat on the same weights: 0.1 diverges on random images
                         device=device_name,
                     )
                     trainer = Trainer(config, splits=(split, split))

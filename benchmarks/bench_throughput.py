@@ -149,7 +149,8 @@ def bench_train(backbone: str, heads: list[str], args, device: torch.device) -> 
     }
     for head in heads:
         config = TrainConfig(
-            dataset="synthetic",
+            dataset="miniimagenet",  # a stand-in: the splits are given
+            amp="off",  # float32: bench_precision compares precisions
             backbone=backbone,
             head=head,
             way=WAY,
@@ -157,6 +158,7 @@ def bench_train(backbone: str, heads: list[str], args, device: torch.device) -> 
             query=QUERY,
             episodes_per_batch=EPISODES_PER_STEP,
             augment=args.augment,
+            lr=1e-3,  # steps repeat on the same weights: 0.1 diverges on random images
             device=device.type,
         )
         fns[f"train_step {head}"] = Trainer(config, splits=(split, split)).train_step

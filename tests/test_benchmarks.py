@@ -1,0 +1,61 @@
+"""The benchmark scripts run on their smallest settings and print well-formed figures."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+
+from benchmarks import bench_ehg, bench_precision, bench_throughput
+
+SECONDS = r"\d+\.\d+"
+
+
+def run(monkeypatch, capsys, module, *argv: str) -> str:
+    """Run a benchmark's main() with these arguments; its standard output."""
+    monkeypatch.setattr(sys, "argv", [module.__name__, *argv])
+    module.main()
+    return capsys.readouterr().out
+
+
+@pytest.fixture(autouse=True)
+def shipped_data(monkeypatch):
+    """Omniglot from the repository's data/, whatever FEWSHOT_DATA says."""
+    monkeypatch.delenv("FEWSHOT_DATA", raising=False)
+
+
+def test_bench_precision_times_both_precisions(monkeypatch, capsys):
+    out = run(
+        monkeypatch,
+        capsys,
+        bench_precision,
+        *("--backbones", "conv4", "--heads", "protonet", "--repeats", "1"),
+        *("--no-synthetic", "--episodes", "16", "--device", "cpu"),
+    )
+    step = re.search(rf"Omniglot 20w1s15q x2 +conv4 +protonet +({SECONDS}) +({SECONDS}) +", out)
+    assert step and float(step[1]) > 0 and float(step[2]) > 0
+    assert re.search(rf"^float32 +{SECONDS} s +accuracy", out, re.M)
+    assert re.search(rf"^bf16 +{SECONDS} s +accuracy", out, re.M)
+    assert re.search(r"accuracies differ in \d+ episodes", out)
+
+
+def test_bench_throughput_training_step(monkeypatch, capsys):
+    out = run(
+        monkeypatch,
+        capsys,
+        bench_throughput,
+        *("--no-eval", "--heads", "protonet", "--repeats", "1", "--device", "cpu"),
+    )
+    assert re.search(rf"conv4 +train_step protonet +{SECONDS} +{SECONDS}x", out)
+
+
+def test_bench_ehg_steps(monkeypatch, capsys):
+    out = run(
+        monkeypatch,
+        capsys,
+        bench_ehg,
+        *("--backbones", "conv4", "--heads", "protonet", "--shots", "1"),
+        *("--splits", "1,2", "--repeats", "1", "--no-naive", "--device", "cpu"),
+    )
+    assert re.search(r"conv4 +protonet +1 +2 ", out)
