@@ -41,8 +41,8 @@ HEAD_NAMES = {"protonet": "ProtoNet", "ridge": "ridge", "svm": "SVM"}
 EVAL_HEAD_OPTIONS = {"svm": {"max_iter": 3}}
 
 
-def parse_args() -> argparse.Namespace:
-    """The study's settings."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The study's settings (from the command line unless `argv` is given)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heads", default="protonet,ridge,svm", help="comma-separated heads")
     parser.add_argument("--splits", default="1,5", help="U values for every head (1 first)")
@@ -65,12 +65,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch intra-op threads (1: steady on a busy CPU)"
     )
+    parser.add_argument(
+        "--amp", default="off", help="--amp of every run (off: float32, as recorded here)"
+    )
     parser.add_argument("--runs", default="runs/ehg_seeds", help="folder for the run folders")
     parser.add_argument("--out", default="experiments/ehg_seeds", help="folder for the results")
     parser.add_argument(
         "--report-only", action="store_true", help="no training: tabulate the finished runs"
     )
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def cells(args: argparse.Namespace) -> list[tuple[str, int]]:
@@ -83,8 +86,9 @@ def cells(args: argparse.Namespace) -> list[tuple[str, int]]:
 
 
 def run_dir(args: argparse.Namespace, head: str, u: int, seed: int) -> Path:
-    """The run folder of one model."""
-    return Path(args.runs) / f"{head}_U{u}_s{seed}"
+    """The run folder of one model (float32 runs carry no precision in their name)."""
+    suffix = "" if args.amp == "off" else f"_{args.amp}"
+    return Path(args.runs) / f"{head}_U{u}_s{seed}{suffix}"
 
 
 def train_config(args: argparse.Namespace, head: str, u: int, seed: int) -> TrainConfig:
@@ -105,6 +109,7 @@ def train_config(args: argparse.Namespace, head: str, u: int, seed: int) -> Trai
         episodes_per_epoch=args.episodes_per_epoch,
         episodes_per_batch=args.episodes_per_batch,
         ehg_splits=u,
+        amp=args.amp,
         optimizer="adam",
         lr=1e-3,
         weight_decay=0.0,

@@ -59,6 +59,7 @@ def main() -> None:
                 episodes_per_epoch=args.episodes_per_epoch,
                 episodes_per_batch=2,
                 ehg_splits=u,
+                amp="off",  # float32, as the recorded results
                 optimizer="adam",
                 lr=1e-3,
                 weight_decay=0.0,
