@@ -15,7 +15,8 @@ AMP_CHOICES = ("auto", *AMP_DTYPES)
 
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes bfloat16 in hardware (AVX-512 BF16 or AMX), as oneDNN needs."""
-    # torch has no public query for this; without one, bf16 on a CPU is emulated and slower.
+    # torch has no public query for this. Without these instructions oneDNN emulates bf16,
+    # which is slower than float32, so 'auto' must not pick it there.
     cpu = torch.cpu
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(cpu, name, lambda: False)() for name in checks)
@@ -24,8 +25,9 @@ def cpu_has_native_bf16() -> bool:
 @functools.cache
 def resolve_amp(amp: str, device_type: str) -> str:
     """The precision `amp` means on a device type: 'auto' is bf16 on CPUs with native bf16
-    (0.5-0.6x the float32 time at the same accuracy, measured) and float32 ('off') elsewhere,
-    CUDA included until a GPU measurement decides it."""
+    (0.3-0.6x the float32 step at float32's accuracy: benchmarks/bench_precision.py,
+    experiments/bf16_omniglot) and float32 ('off') elsewhere, CUDA included until a GPU
+    measurement decides it."""
     if amp not in AMP_CHOICES:
         raise ValueError(f"amp must be one of {', '.join(AMP_CHOICES)}, not {amp!r}")
     if amp != "auto":
