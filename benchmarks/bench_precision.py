@@ -46,13 +46,12 @@ from fewshot.datasets.sampler import EpisodeShape
 from fewshot.device import resolve_device
 from fewshot.evaluate import episode_accuracies, load_trained
 from fewshot.model import build_model
-from fewshot.precision import cpu_has_native_bf16
+from fewshot.precision import cpu_has_native_bf16, precision_name
 from fewshot.settings import build
 from fewshot.stats import ci95
 from fewshot.train import Trainer
 
 PRECISIONS = ("off", "bf16")  # --amp values: float32, bf16 autocast
-PRECISION_NAMES = {"off": "float32", "bf16": "bf16"}
 
 
 def step_row(
@@ -115,7 +114,7 @@ def print_eval(args, device) -> None:
     for amp in PRECISIONS:
         acc = accuracies[amp]
         print(
-            f"{PRECISION_NAMES[amp]:8} {seconds[amp]:7.2f} s  accuracy "
+            f"{precision_name(amp, 'cpu'):8} {seconds[amp]:7.2f} s  accuracy "
             f"{100 * float(acc.double().mean()):.2f} ± {100 * ci95(acc):.2f} %"
         )
     print(f"ratio {seconds['bf16'] / seconds['off']:.2f}x; accuracies differ in {differ} episodes")
@@ -138,7 +137,7 @@ def print_runs(args, device) -> None:
             model.amp = amp
             acc = episode_accuracies(model, test, shape, args.episodes, 0, device)
             print(
-                f"{PRECISION_NAMES[amp]:8} run {seconds:7.1f} s  test accuracy "
+                f"{precision_name(amp, 'cpu'):8} run {seconds:7.1f} s  test accuracy "
                 f"{100 * float(acc.double().mean()):.2f} ± {100 * ci95(acc):.2f} %",
                 flush=True,
             )
@@ -193,7 +192,7 @@ def print_allocator(args) -> None:
         for mode in times:
             ms = statistics.median(times[mode])
             print(
-                f"{PRECISION_NAMES[amp]:9} {mode:14} {ms:8.1f} "
+                f"{precision_name(amp, 'cpu'):9} {mode:14} {ms:8.1f} "
                 f"{statistics.median(faults[mode]):12.0f} {ms / base:6.2f}x",
                 flush=True,
             )

@@ -8,8 +8,6 @@ import functools
 
 # mallopt parameters (glibc's malloc.h).
 M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
-# glibc's defaults, to undo retain_freed_memory().
-DEFAULT_TRIM_THRESHOLD, DEFAULT_MMAP_MAX = 128 * 1024, 65536
 
 
 @functools.cache
@@ -30,14 +28,12 @@ def glibc_malloc() -> bool:
     return _mallopt() is not None
 
 
-def retain_freed_memory(enabled: bool = True) -> bool:
-    """Serve every allocation from the heap and never shrink it (or undo that); False when the
-    C library is not glibc. A training step frees and re-allocates the same activations: with
+def retain_freed_memory() -> bool:
+    """Serve every allocation from the heap and never shrink it; False when the C library is
+    not glibc. A training step frees and re-allocates the same activations: with
     glibc's defaults the large ones are unmapped on free and their pages faulted in and zeroed
     again next step (30-40 % of a CPU step here); retained, the process keeps its peak size."""
     mallopt = _mallopt()
     if mallopt is None:
         return False
-    trim = 2**31 - 1 if enabled else DEFAULT_TRIM_THRESHOLD
-    mmap_max = 0 if enabled else DEFAULT_MMAP_MAX
-    return bool(mallopt(M_TRIM_THRESHOLD, trim)) and bool(mallopt(M_MMAP_MAX, mmap_max))
+    return bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1)) and bool(mallopt(M_MMAP_MAX, 0))

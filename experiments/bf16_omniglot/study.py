@@ -30,16 +30,17 @@ from experiments.ehg_seeds import study as seeds
 from fewshot.allocator import retain_freed_memory
 from fewshot.config import TrainConfig, read_config_file
 from fewshot.datasets import load_split
+from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluate import episode_accuracies, load_trained
 from fewshot.io import atomic_write_json, atomic_write_text
+from fewshot.precision import precision_name
 from fewshot.settings import build
-from fewshot.stats import ci95, paired_ci, paired_seeds_ci, seeds_ci
+from fewshot.stats import Difference, ci95, paired_ci, paired_seeds_ci, seeds_ci
 
 TRAINVAL_CONFIG = "models/omniglot/protonet_conv4_trainval.json"
 TRAINVAL_FLOAT32 = "models/omniglot/protonet_conv4_trainval.pt"
 ZOO_SHAPES = [(5, 1), (5, 5), (20, 1), (20, 5)]  # the zoo README's test shapes, 15 queries
-PRECISION = {"off": "float32", "bf16": "bf16"}
 
 
 def parse_args() -> argparse.Namespace:
@@ -56,6 +57,11 @@ def parse_args() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def in_percent(d: Difference) -> dict:
+    """A paired difference of accuracy fractions, as a dict in percentage points."""
+    return {**asdict(d), "mean": 100 * d.mean, "ci95": 100 * d.ci95}
+
+
 def trainval_run(args: argparse.Namespace) -> tuple[Path, float]:
     """Train (or finish, or skip) the trainval config with --amp bf16: its run folder and the
     seconds of its training steps (the trainer's clock)."""
@@ -65,14 +71,15 @@ def trainval_run(args: argparse.Namespace) -> tuple[Path, float]:
     return folder, seeds.train(build(TrainConfig, layers))["train_seconds"]
 
 
-def test_trainval(args: argparse.Namespace, checkpoint: str, amp: str, cache: Path) -> dict:
+def test_trainval(
+    args: argparse.Namespace, split: ImageSplit, checkpoint: str, amp: str, cache: Path
+) -> dict:
     """Per-episode accuracies of a checkpoint tested in `amp` on the zoo's shapes (cached)."""
     if cache.exists():
         return json.loads(cache.read_text())
     cpu = torch.device("cpu")
     model, _ = load_trained(checkpoint, cpu)
     model.amp = amp
-    split = load_split("omniglot", "test")
     record = {}
     for way, shot in ZOO_SHAPES:
         shape = EpisodeShape(way, shot, 15, 8)
@@ -86,12 +93,13 @@ def part_trainval(args: argparse.Namespace) -> dict:
     """Part 1: the four tests and their paired differences, per shape."""
     folder, train_seconds = trainval_run(args)
     checkpoints = {"float32": TRAINVAL_FLOAT32, "bf16": str(folder / "last.pt")}
+    split = load_split("omniglot", "test")
     acc = {}
     for run, checkpoint in checkpoints.items():
         for amp in ("off", "bf16"):
-            cache = Path(args.runs) / f"test_{run}_run_{PRECISION[amp]}_test.json"
-            name = f"{run} run, {PRECISION[amp]} test"
-            acc[name] = test_trainval(args, checkpoint, amp, cache)
+            cache = Path(args.runs) / f"test_{run}_run_{precision_name(amp, 'cpu')}_test.json"
+            name = f"{run} run, {precision_name(amp, 'cpu')} test"
+            acc[name] = test_trainval(args, split, checkpoint, amp, cache)
     pairs = {
         "whole pipeline": ("float32 run, float32 test", "bf16 run, bf16 test"),
         "training precision": ("float32 run, float32 test", "bf16 run, float32 test"),
@@ -103,8 +111,7 @@ def part_trainval(args: argparse.Namespace) -> dict:
         per = {name: torch.tensor(values[shape]) for name, values in acc.items()}
         entry = {name: [100 * float(a.double().mean()), 100 * ci95(a)] for name, a in per.items()}
         for label, (a, b) in pairs.items():
-            d = paired_ci(per[a], per[b])
-            entry[label] = {**asdict(d), "mean": 100 * d.mean, "ci95": 100 * d.ci95}
+            entry[label] = in_percent(paired_ci(per[a], per[b]))
         result["shapes"][shape] = entry
     return result
 
@@ -123,7 +130,7 @@ def part_heads(args: argparse.Namespace) -> dict:
         for head in args.heads.split(","):
             for amp, arm in arms.items():
                 config = seeds.train_config(arm, head, 1, seed)
-                print(f"== {head} seed={seed} {PRECISION[amp]}", flush=True)
+                print(f"== {head} seed={seed} {precision_name(amp, 'cpu')}", flush=True)
                 model = {"head": head, "seed": seed, **seeds.train(config)}
                 model["test"] = {
                     f"{w}w1s": seeds.test(arm, Path(config.out), splits, w) for w in (5, 20)
@@ -145,11 +152,9 @@ def part_heads(args: argparse.Namespace) -> dict:
                 for s in shared
             ]
             summary.setdefault(head, {})[key] = {
-                **{PRECISION[amp]: [*seeds_ci(v), v] for amp, v in by_amp.items()},
+                **{precision_name(amp, "cpu"): [*seeds_ci(v), v] for amp, v in by_amp.items()},
                 "bf16 - float32 across seeds": asdict(d),
-                "bf16 - float32 per episode, each seed": [
-                    {**asdict(e), "mean": 100 * e.mean, "ci95": 100 * e.ci95} for e in episodes
-                ],
+                "bf16 - float32 per episode, each seed": [in_percent(e) for e in episodes],
             }
     return summary
 
