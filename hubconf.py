@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 
 from fewshot.backbones import Conv4, ResNet12
-from fewshot.evaluate import load_trained
-from fewshot.model import FewShotModel, build_model
+from fewshot.methods import EmbeddingMethod, build_method
+from fewshot.training.checkpoint import load_trained
 
 dependencies = ["torch", "torchvision", "numpy", "qpth"]
 
@@ -28,11 +28,11 @@ def resnet12(**kwargs) -> ResNet12:
     return ResNet12(**kwargs)
 
 
-def protonet_conv4_omniglot(pretrained: bool = True, device: str = "cpu") -> FewShotModel:
+def protonet_conv4_omniglot(pretrained: bool = True, device: str = "cpu") -> EmbeddingMethod:
     """The Conv-4 ProtoNet trained on Omniglot's train+val classes (98.75 % 5-way 1-shot),
     in eval mode; `model.embed(images)` takes float [N, 1, 28, 28] images, ink 1 on 0."""
     path = ZOO / "omniglot" / "protonet_conv4_trainval.pt"
     model, config = load_trained(str(path), torch.device(device))
     if not pretrained:
-        model = build_model({**config, "in_channels": 1, "image_size": 28}).to(device).eval()
+        model = build_method({**config, "in_channels": 1, "image_size": 28}).to(device).eval()
     return model

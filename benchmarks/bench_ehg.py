@@ -17,10 +17,10 @@ import time
 
 import torch
 
-from fewshot.config import TrainConfig
 from fewshot.datasets.base import ImageSplit
-from fewshot.ehg import draw_splits, reembedding_gradients
-from fewshot.train import Trainer
+from fewshot.methods.resplit import draw_resplits, reembedding_gradients
+from fewshot.training.settings import TrainSettings
+from fewshot.training.trainer import Trainer
 
 
 def synthetic_split(classes: int, per_class: int, size: int) -> ImageSplit:
@@ -60,13 +60,13 @@ def timed(fn, repeats: int, device: torch.device) -> float:
 
 def naive_step(trainer: Trainer, splits: int) -> None:
     """One step of the naive EHG: every split re-embedded, gradients averaged, optimizer step."""
-    cfg = trainer.config
+    cfg = trainer.settings
     index = trainer.sampler.sample()
-    images = trainer.train_split.images[index.flatten()].to(trainer.device)
+    images = trainer.train_data.images[index.flatten()].to(trainer.device)
     images = images.float().div(255).view(*index.shape, *images.shape[1:])
-    perm = draw_splits(*index.shape[:2], cfg.shot, cfg.query, splits, trainer.split_rng)
-    params = list(trainer.model.parameters())
-    model = trainer.model
+    perm = draw_resplits(*index.shape[:2], cfg.shot, cfg.query, splits, trainer.streams.resplit)
+    params = list(trainer.method.parameters())
+    model = trainer.method
     grads = reembedding_gradients(
         model.embed, params, images, model.head, model.scale, cfg.shot, perm
     )
@@ -102,7 +102,7 @@ def main() -> None:
             for shot in map(int, args.shots.split(",")):
                 base = None
                 for u in map(int, args.splits.split(",")):
-                    config = TrainConfig(
+                    config = TrainSettings(
                         dataset="miniimagenet",  # a stand-in: the splits are given
                         amp="off",  # float32: bench_precision compares precisions
                         backbone=backbone,
@@ -111,11 +111,11 @@ def main() -> None:
                         shot=shot,
                         query=15,
                         episodes_per_batch=2,
-                        ehg_splits=u,
+                        resplits=u,
                         lr=1e-3,  # steps repeat on the same weights: 0.1 diverges on random images
                         device=device_name,
                     )
-                    trainer = Trainer(config, splits=(split, split))
+                    trainer = Trainer(config, device, data=(split, split))
                     t = timed(trainer.train_step, args.repeats, device)
                     base = base or t
                     naive = ""

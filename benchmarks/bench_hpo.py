@@ -23,7 +23,6 @@ from typing import Any
 import torch
 
 from fewshot.datasets.libsvm import load_dataset
-from fewshot.errors import FewshotError
 from fewshot.hpo.batches import Minibatches
 from fewshot.hpo.ensemble import oehg, optimize_offline
 from fewshot.hpo.hypergrad import Bilevel, aid_cg, rhg
@@ -31,6 +30,7 @@ from fewshot.hpo.splits import make_splits
 from fewshot.hpo.tasks.classifiers import init_classifier
 from fewshot.hpo.tasks.image_regularization import draw_observed_data, regularization_problem
 from fewshot.hpo.tasks.regularization import default_inner_lr, make_problem
+from fewshot.runtime.errors import FewshotError
 
 
 @dataclass

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
-from fewshot.cli import main as fewshot_main
-from fewshot.hpo.results import result_path
-from fewshot.io import atomic_write_json
+from fewshot.cli.main import main as fewshot_main
+from fewshot.hpo.tasks.cleaning import result_stem
+from fewshot.runtime.io import atomic_write_json
 
 
 def main() -> None:
@@ -46,7 +46,7 @@ def main() -> None:
     seconds = time.perf_counter() - start
     if status:
         raise SystemExit(status)
-    name = result_path(args.out, "cleaning", args.dataset, args.model, args.method, args.seed).name
+    name = f"{result_stem(args.dataset, args.model, args.method, args.seed)}.json"
     result = json.loads((Path(args.out) / name).read_text())
     bench = {
         "command": "fewshot " + " ".join(argv),

@@ -27,7 +27,7 @@ import torch
 
 from fewshot.datasets import load_split
 from fewshot.datasets.memmap import memmap_folder, write_memmap
-from fewshot.distributed import init_distributed
+from fewshot.runtime.distributed import init_distributed
 
 TIERED_TRAIN_IMAGES = 448_695
 TIERED_TRAIN_CLASSES = 351

@@ -14,7 +14,7 @@ Everything is timed in one process on the same device, float32 and bf16 in turns
     model: wall seconds and accuracy ± 95% CI. The runs take turns, float32 first.
 (d) with --allocator: the Omniglot trainval step (60-way 1-shot 5-query, models/omniglot/
     protonet_conv4_trainval.json) in fresh processes with glibc's default allocator and with
-    freed memory retained (`fewshot.allocator`, what the `fewshot` command does), in turns:
+    freed memory retained (`fewshot.runtime.allocator`, what the `fewshot` command does), in turns:
     ms per step and page faults per step, each precision.
 
 (a)-(c) run with freed memory retained, as the `fewshot` command runs.
@@ -38,18 +38,19 @@ import torch
 
 from benchmarks.bench_ehg import synthetic_split
 from benchmarks.bench_throughput import device_name, interleaved, once
-from fewshot.allocator import retain_freed_memory
-from fewshot.config import TrainConfig, read_config_file
 from fewshot.datasets import load_split
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeShape
-from fewshot.device import resolve_device
-from fewshot.evaluate import episode_accuracies, load_trained
-from fewshot.model import build_model
-from fewshot.precision import cpu_has_native_bf16, precision_name
-from fewshot.settings import build
-from fewshot.stats import ci95
-from fewshot.train import Trainer
+from fewshot.evaluation.episodes import episode_accuracies
+from fewshot.evaluation.stats import ci95
+from fewshot.methods import build_method
+from fewshot.runtime.allocator import retain_freed_memory
+from fewshot.runtime.device import resolve_device
+from fewshot.runtime.precision import cpu_has_native_bf16, precision_name
+from fewshot.runtime.settings import build
+from fewshot.training.checkpoint import load_trained
+from fewshot.training.settings import TrainSettings, read_config_file
+from fewshot.training.trainer import Trainer
 
 PRECISIONS = ("off", "bf16")  # --amp values: float32, bf16 autocast
 
@@ -60,7 +61,7 @@ def step_row(
     """(a): one backbone and head, float32 and bf16 train steps timed in turns, one line."""
     steps = {}
     for amp in PRECISIONS:
-        config = TrainConfig(
+        config = TrainSettings(
             dataset="omniglot" if split.channels == 1 else "miniimagenet",  # splits are given
             backbone=backbone,
             head=head,
@@ -73,7 +74,7 @@ def step_row(
             lr=1e-3,  # steps repeat on the same weights: 0.1 diverges on random images
             device=device.type,
         )
-        steps[amp] = Trainer(config, splits=(split, split)).train_step
+        steps[amp] = Trainer(config, device, data=(split, split)).train_step
     seconds = interleaved(steps, args.repeats, device)
     off, bf16 = seconds["off"], seconds["bf16"]
     print(f"{label:22} {backbone:9} {head:9} {off:8.3f} {bf16:8.3f} {bf16 / off:7.2f}x", flush=True)
@@ -101,8 +102,8 @@ def print_eval(args, device) -> None:
     split = load_split("omniglot", "test", args.data_root)
     print(f"\n(b) cached evaluation, {args.episodes} seeded 20-way 1-shot 15-query episodes")
     torch.manual_seed(0)
-    config = {"backbone": "conv4", "head": "protonet", "in_channels": 1, "image_size": 28}
-    model = build_model(config).to(device).eval()
+    settings = TrainSettings(backbone="conv4", head="protonet").to_dict()
+    model = build_method({**settings, "in_channels": 1, "image_size": 28}).to(device).eval()
     shape = EpisodeShape(20, 1, 15, 8)
     accuracies, seconds = {}, {}
     for amp in PRECISIONS:
@@ -130,9 +131,9 @@ def print_runs(args, device) -> None:
         for amp in PRECISIONS:
             layers = [("config file", values), ("bench", {"amp": amp, "out": f"{tmp}/{amp}"})]
             config = dataclasses.replace(
-                build(TrainConfig, layers), device=device.type, data_root=args.data_root
+                build(TrainSettings, layers), device=device.type, data_root=args.data_root
             )
-            seconds, run_dir = once(lambda c=config: Trainer(c).fit(), device)
+            seconds, run_dir = once(lambda c=config: Trainer(c, device).fit(), device)
             model, _ = load_trained(str(run_dir / "best.pt"), device)
             model.amp = amp
             acc = episode_accuracies(model, test, shape, args.episodes, 0, device)
@@ -148,7 +149,7 @@ TRAINVAL = "models/omniglot/protonet_conv4_trainval.json"
 CHILD = """
 import resource, sys, time
 from benchmarks.bench_precision import trainval_trainer
-from fewshot.allocator import retain_freed_memory
+from fewshot.runtime.allocator import retain_freed_memory
 mode, amp, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 if mode == "retained":
     retain_freed_memory()
@@ -168,7 +169,8 @@ print(seconds, faults)
 def trainval_trainer(amp: str) -> Trainer:
     """A Trainer of the Omniglot trainval config in `amp` (for timing steps; it writes nothing)."""
     layers = [("config file", read_config_file(TRAINVAL)), ("bench", {"amp": amp})]
-    return Trainer(dataclasses.replace(build(TrainConfig, layers), device="cpu"))
+    settings = dataclasses.replace(build(TrainSettings, layers), device="cpu")
+    return Trainer(settings, torch.device("cpu"))
 
 
 def print_allocator(args) -> None:

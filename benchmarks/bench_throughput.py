@@ -35,14 +35,14 @@ import torch
 
 from benchmarks.bench_ehg import sync, synthetic_split
 from fewshot.backbones import build_backbone
-from fewshot.config import TrainConfig
 from fewshot.datasets import load_split
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeShape
-from fewshot.device import resolve_device
-from fewshot.evaluate import episode_accuracies
-from fewshot.model import build_model
-from fewshot.train import Trainer
+from fewshot.evaluation.episodes import episode_accuracies
+from fewshot.methods import build_method
+from fewshot.runtime.device import resolve_device
+from fewshot.training.settings import TrainSettings
+from fewshot.training.trainer import Trainer
 
 WAY, SHOT, QUERY, EPISODES_PER_STEP = 5, 1, 15, 2
 T = TypeVar("T")
@@ -86,9 +86,9 @@ def bench_eval(
     label: str, backbone: str, split: ImageSplit, way: int, args, device: torch.device
 ) -> None:
     """(a): cached vs per-episode evaluation of the same seeded episodes, one line."""
-    config = {"backbone": backbone, "head": "protonet"}
-    config.update(in_channels=split.channels, image_size=split.image_size)
-    model = build_model(config).to(device).eval()
+    settings = TrainSettings(backbone=backbone, head="protonet").to_dict()
+    geometry = {"in_channels": split.channels, "image_size": split.image_size}
+    model = build_method({**settings, **geometry}).to(device).eval()
     shape = EpisodeShape(way, SHOT, QUERY, args.eval_batch)
     reset_peak(device)
 
@@ -148,7 +148,7 @@ def bench_train(backbone: str, heads: list[str], args, device: torch.device) -> 
         ),
     }
     for head in heads:
-        config = TrainConfig(
+        config = TrainSettings(
             dataset="miniimagenet",  # a stand-in: the splits are given
             amp="off",  # float32: bench_precision compares precisions
             backbone=backbone,
@@ -161,7 +161,7 @@ def bench_train(backbone: str, heads: list[str], args, device: torch.device) -> 
             lr=1e-3,  # steps repeat on the same weights: 0.1 diverges on random images
             device=device.type,
         )
-        fns[f"train_step {head}"] = Trainer(config, splits=(split, split)).train_step
+        fns[f"train_step {head}"] = Trainer(config, device, data=(split, split)).train_step
     seconds = interleaved(fns, args.repeats, device)
     base = seconds["bare fwd+bwd"]
     for name, value in seconds.items():

@@ -15,12 +15,38 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import sys
+import types
 from pathlib import Path
 
-from fewshot.config import TrainConfig
-from fewshot.precision import AMP_CHOICES
+from fewshot.runtime.device import resolve_device
+from fewshot.runtime.precision import AMP_CHOICES
+from fewshot.training.settings import TrainSettings
+from fewshot.training.trainer import Trainer
 
 DEFAULT_REFERENCE = Path(__file__).resolve().parents[2] / "shared" / "reference"
+
+
+def load_harness(script: Path) -> types.ModuleType:
+    """The harness module. It imports `TrainConfig` and `Trainer` from the library's former
+    modules (fewshot.config, fewshot.train); stand-ins for those imports are in place while it
+    loads, and `main` replaces both names with adapters to the current API."""
+    stand_ins = {"fewshot.config": "TrainConfig", "fewshot.train": "Trainer"}
+    saved = {name: sys.modules.get(name) for name in stand_ins}
+    for name, attribute in stand_ins.items():
+        module = types.ModuleType(name)
+        setattr(module, attribute, None)
+        sys.modules[name] = module
+    try:
+        spec = importlib.util.spec_from_file_location("bench_vs_metaoptnet_reference", script)
+        harness = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(harness)
+    finally:
+        for name, module in saved.items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
+    return harness
 
 
 def main() -> None:
@@ -33,15 +59,20 @@ def main() -> None:
     script = args.reference / "bench_vs_metaoptnet.py"
     if not script.is_file():
         sys.exit(f"no reference harness at {script} (give its folder with --reference)")
-    spec = importlib.util.spec_from_file_location("bench_vs_metaoptnet_reference", script)
-    harness = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(harness)
+    harness = load_harness(script)
 
-    def config(**values) -> TrainConfig:
+    def config(**values) -> TrainSettings:
         # The harness passes its own splits; its dataset name only has to be a valid one.
-        return TrainConfig(**{**values, "dataset": "miniimagenet", "amp": args.amp})
+        # It names U by the library's former setting, ehg_splits.
+        values["resplits"] = values.pop("ehg_splits", values.get("resplits", 1))
+        return TrainSettings(**{**values, "dataset": "miniimagenet", "amp": args.amp})
+
+    def trainer(settings: TrainSettings, splits=None) -> Trainer:
+        # The harness builds its trainers with the former signature Trainer(config, splits=...).
+        return Trainer(settings, resolve_device(settings.device), data=splits)
 
     harness.TrainConfig = config
+    harness.Trainer = trainer
     sys.argv = [str(script), *args.harness_args]
     print(f"fewshot steps with --amp {args.amp}; MetaOptNet in float32")
     harness.main()

@@ -7,8 +7,8 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
-from fewshot.cli import main as fewshot_main
-from fewshot.io import atomic_write_json, atomic_write_text
+from fewshot.cli.main import main as fewshot_main
+from fewshot.runtime.io import atomic_write_json, atomic_write_text
 
 Cell = tuple[str, str, str, int]  # dataset, model, method, seed
 

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Set up .venv with the test extras, then lint and run the whole test suite.
+# Set up .venv with the test extras, then lint, check the architecture and run the whole test suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh test
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+# Layers and no import cycles, declared dependencies, dead code: config in pyproject.toml.
+.venv/bin/lint-imports
+.venv/bin/deptry .
+.venv/bin/vulture
 .venv/bin/python -m pytest -n 2 "$@"

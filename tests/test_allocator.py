@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from fewshot.allocator import glibc_malloc
+from fewshot.runtime.allocator import glibc_malloc
 
 PAGES = 2**24 * 4 // 4096  # a 64 MiB float32 tensor, in 4 KiB pages
 
@@ -15,7 +15,7 @@ PAGES = 2**24 * 4 // 4096  # a 64 MiB float32 tensor, in 4 KiB pages
 # loop does in its first steps), then five more; print the page faults per allocation of those.
 PROGRAM = """
 import resource, sys, torch
-from fewshot.allocator import retain_freed_memory
+from fewshot.runtime.allocator import retain_freed_memory
 if sys.argv[1] == "retain":
     assert retain_freed_memory()
 def faults():

@@ -11,7 +11,7 @@ import torchvision.transforms.functional as TF
 
 from fewshot.datasets.augment import TrainAugment, color_jitter, crop_flip, normalize
 from fewshot.datasets.miniimagenet import MEAN, STD
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 
 def batch(n: int, size: int = 84, seed: int = 0) -> torch.Tensor:

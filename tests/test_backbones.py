@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fewshot.backbones import Conv4, ResNet12, build_backbone
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 
 def conv4_params(in_ch: int, ch: int = 64) -> int:
@@ -104,3 +104,21 @@ def test_conv4_equals_the_textbook_block_order():
     assert torch.allclose(ours, theirs, atol=1e-6)
     for g, p in zip(ours_grad, net.parameters(), strict=True):
         assert torch.allclose(g, p.grad, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("cls", "options", "message"),
+    [
+        (Conv4, {"channels": 0}, "Conv4 channels must be an integer >= 1, got 0"),
+        (Conv4, {"in_channels": "x"}, "Conv4 in_channels must be an integer >= 1, got 'x'"),
+        (ResNet12, {"channels": (64, 0, 1, 1)}, "ResNet12 channels must be an integer >= 1"),
+        (ResNet12, {"channels": (64, 64)}, "ResNet12 channels must be 4 integers, got (64, 64)"),
+        (ResNet12, {"drop_block_size": -1}, "ResNet12 drop_block_size must be an integer >= 1"),
+        (ResNet12, {"drop_rate": 1.0}, "ResNet12 drop_rate must be a number in [0, 1), got 1.0"),
+        (ResNet12, {"drop_ramp_steps": -5}, "ResNet12 drop_ramp_steps must be an integer >= 0"),
+    ],
+)
+def test_constructor_arguments_are_checked_by_name(cls, options, message):
+    with pytest.raises(ValueError) as error:
+        cls(**options)
+    assert str(error.value).startswith(message)

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fewshot.cli import COMMANDS, main
+from fewshot.cli.main import COMMANDS, main
+from fewshot.methods import build_method
 
 
 @pytest.fixture(autouse=True)
@@ -84,7 +85,7 @@ BAD_COMMANDS = [
     ("train --dataset mnist", "--dataset must be one of"),
     ("train --way 30 --out {tmp}/r", "30-way episodes need 30 classes"),
     ("train --shot -1", "--shot must be >= 1, got -1"),
-    ("train --way -1 --ehg-splits 2", "--way must be >= 1, got -1"),
+    ("train --way -1 --resplits 2", "--way must be >= 1, got -1"),
     ("train --lr 0", "--lr must be > 0"),
     ("train --lr nan", "--lr must be a finite number"),
     ("train --lr inf", "--lr must be a finite number"),
@@ -95,7 +96,7 @@ BAD_COMMANDS = [
     ("train --val-way 0", "--val-way must be >= 1, got 0"),
     ("train --val-episodes 1", "--val-episodes must be >= 2"),
     ("train --epochs 0", "--epochs must be >= 1"),
-    ("train --way 1 --shot 1 --query 1 --ehg-splits 3", "--ehg-splits must be <= 2"),
+    ("train --way 1 --shot 1 --query 1 --resplits 3", "--resplits must be <= 2"),
     ("train --episodes-per-epoch 3 --episodes-per-batch 2", "--episodes-per-epoch must be a mult"),
     ("train --lr-schedule [[1]]", "--lr-schedule entry 0 must be [epoch >= 0"),
     ('train --lr-schedule [["a",0.1]]', "--lr-schedule entry 0 must be"),
@@ -224,7 +225,6 @@ def test_checkpoint_of_another_backbone_is_refused(capsys, tmp_path, trained):
 
 
 def test_the_shipped_checkpoint_resumes_with_its_own_config(capsys, tmp_path):
-    # It predates AMP and the saved history: the settings added since take their defaults.
     zoo = Path(__file__).resolve().parents[1] / "models" / "omniglot"
     args = ["train", "--config", str(zoo / "protonet_conv4_1shot.json")]
     args += ["--resume", str(zoo / "protonet_conv4_1shot.pt"), "--out", str(tmp_path)]
@@ -239,9 +239,8 @@ def test_ctrl_c_outside_training_steps_is_one_line(capsys, monkeypatch, tmp_path
         raise KeyboardInterrupt
 
     # Ctrl-C while the data is read: no traceback, the shell's status for SIGINT.
-    monkeypatch.setattr(
-        f"fewshot.{'train' if command == 'train' else 'evaluate'}.load_split", pressed
-    )
+    module = "fewshot.training.trainer" if command == "train" else "fewshot.cli.eval"
+    monkeypatch.setattr(f"{module}.load_split", pressed)
     args = ["--out", str(tmp_path / "r")] if command == "train" else []
     args += ["--checkpoint", str(trained / "best.pt")] if command == "eval" else []
     assert main([command, *args]) == 130
@@ -262,3 +261,87 @@ def test_every_command_has_help_with_its_settings(capsys, path):
         for f in (f for f in dataclasses.fields(cls) if f.metadata.get("flag")):
             shown = f.name if f.metadata.get("positional") else "--" + f.name.replace("_", "-")
             assert shown in text, shown
+
+
+def test_help_of_the_root_and_every_command_works(capsys):
+    for path in [(), *(command.path for command in COMMANDS)]:
+        with pytest.raises(SystemExit) as done:
+            main([*path, "--help"])
+        assert done.value.code == 0, path
+        assert "usage: fewshot" in capsys.readouterr().out
+
+
+def test_version_and_python_dash_m(capsys):
+    import subprocess
+    import sys
+
+    import fewshot
+
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip() == f"fewshot {fewshot.__version__}"
+    done = subprocess.run(
+        [sys.executable, "-m", "fewshot", "--version"], capture_output=True, text=True
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, f"fewshot {fewshot.__version__}")
+
+
+def test_ctrl_c_while_the_commands_load_is_one_line(capsys, monkeypatch):
+    import builtins
+
+    from fewshot.cli import run
+
+    real_import = builtins.__import__
+
+    def pressed(name, *args, **kwargs):
+        if name == "fewshot.cli.main":
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", pressed)
+    assert run() == 130
+    assert capsys.readouterr().err.strip() == "fewshot: interrupted"
+
+
+def test_eval_takes_a_run_folder_and_keeps_another_result(trained, capsys, tmp_path):
+    out = tmp_path / "result.json"
+    args = ["eval", "--checkpoint", str(trained), "--episodes", "4", "--out", str(out)]
+    assert main(args) == 0
+    assert json.loads(out.read_text())["checkpoint"] == str(trained / "best.pt")
+    assert main(args) == 0  # the very same result may be written again
+    assert main([*args[:-2], "--seed", "1", "--out", str(out)]) == 2
+    assert "already holds another result; pass --overwrite" in capsys.readouterr().err
+    assert main([*args[:-2], "--seed", "1", "--out", str(out), "--overwrite"]) == 0
+    assert json.loads(out.read_text())["seed"] == 1
+
+
+@pytest.mark.parametrize("kind", ["folder", "device", "symlink"])
+def test_outputs_are_never_folders_device_nodes_or_replaced_links(trained, capsys, tmp_path, kind):
+    target = tmp_path / "kept.json"
+    target.write_text("{}")
+    out = {"folder": tmp_path, "device": Path("/dev/null"), "symlink": tmp_path / "link.json"}[kind]
+    if kind == "symlink":
+        out.symlink_to(target)
+    args = ["eval", "--checkpoint", str(trained), "--episodes", "4", "--out", str(out)]
+    if kind == "symlink":
+        assert main([*args, "--overwrite"]) == 0
+        assert out.is_symlink() and json.loads(target.read_text())["episodes"] == 4
+    else:
+        assert main([*args, "--overwrite"]) == 2
+        assert "name a file" in capsys.readouterr().err
+        assert Path("/dev/null").is_char_device()
+
+
+def test_a_checkpoint_for_other_images_is_refused_before_any_forward(trained, capsys, tmp_path):
+    ckpt = torch.load(trained / "best.pt", weights_only=True)
+    ckpt["config"].update(in_channels=3, image_size=84)
+    ckpt["model"] = build_method(ckpt["config"]).state_dict()  # a model for RGB 84x84 images
+    torch.save(ckpt, tmp_path / "rgb.pt")
+    err = error_line(capsys, ["eval", "--checkpoint", str(tmp_path / "rgb.pt")])
+    assert "expects 3x84x84 images" in err and "has 1x28x28" in err
+
+
+def test_a_way_the_validation_split_cannot_give_is_refused_before_training(capsys, tmp_path):
+    err = error_line(capsys, ["train", "--val-way", "30", "--out", str(tmp_path / "r")])
+    assert "30-way episodes need 30 classes, 24 in" in err
+    assert not (tmp_path / "r" / "last.pt").exists()

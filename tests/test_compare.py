@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from trainers import make_trainer
 
-from fewshot.cli import main
-from fewshot.config import TrainConfig
-from fewshot.stats import paired_ci, paired_seeds_ci, seeds_ci
-from fewshot.train import Trainer
+from fewshot.cli.main import main
+from fewshot.evaluation.stats import paired_ci, paired_seeds_ci, seeds_ci
+from fewshot.training.settings import TrainSettings
 
 REPO = Path(__file__).resolve().parents[1]
 EPISODES = ["--way", "5", "--shot", "1", "--query", "3", "--episodes", "60", "--seed", "4"]
@@ -25,11 +25,11 @@ def runs(tmp_path_factory, tiny_omniglot_root) -> dict[str, list[Path]]:
     for head, folders in arms.items():
         for seed in (0, 1):
             out = root / f"{head}{seed}"
-            config = TrainConfig(
+            config = TrainSettings(
                 head=head, way=5, query=2, epochs=1, episodes_per_epoch=6, val_episodes=8,
                 seed=seed, device="cpu", out=str(out), data_root=str(tiny_omniglot_root),
             )  # fmt: skip
-            Trainer(config).fit()
+            make_trainer(config).fit()
             folders.append(out)
     return arms
 

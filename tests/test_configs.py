@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from fewshot.config import make_config, read_config_file
-from fewshot.model import build_model
+from fewshot.methods import build_method
+from fewshot.training.settings import make_config, read_config_file
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = sorted((REPO / "models").glob("*/*.json"))
@@ -40,12 +40,37 @@ def test_config_loads_and_builds(path):
     config = make_config(str(path), {})
     assert config.dataset == path.parent.name
     channels, size = GEOMETRY[config.dataset]
-    model = build_model({**config.to_dict(), "in_channels": channels, "image_size": size})
-    assert model.backbone.out_dim > 0
-    assert model.head_name == config.head
+    model = build_method({**config.to_dict(), "in_channels": channels, "image_size": size})
+    if config.method == "embedding":
+        assert model.backbone.out_dim > 0
+        assert model.head_name == config.head
+    else:  # a MAML-family method: a classifier of the training way on its backbone
+        assert model.variant == config.method
+        assert model.network.classifier.out_features == config.way == config.val_way
 
 
-PAPER_CONFIGS = [p for p in CONFIGS if p.parent.name in METAOPTNET_TRAIN_SHOT]
+# The MetaOptNet paper's runs: the embedding methods on its four data sets.
+PAPER_CONFIGS = [
+    p
+    for p in CONFIGS
+    if p.parent.name in METAOPTNET_TRAIN_SHOT and not read_config_file(p).get("method")
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "way", "steps", "inner_lr", "batch"),
+    [
+        ("omniglot/maml_conv4_5way1shot", 5, 1, 0.4, 32),
+        ("omniglot/maml_conv4_20way1shot", 20, 5, 0.1, 16),
+        ("miniimagenet/maml_conv4_5way1shot", 5, 5, 0.01, 4),
+    ],
+)
+def test_maml_configs_have_the_maml_papers_settings(name, way, steps, inner_lr, batch):
+    c = make_config(str(REPO / "models" / f"{name}.json"), {})
+    assert (c.method, c.way, c.episodes_per_batch) == ("maml", way, batch)
+    assert (c.method_options["inner_steps"], c.method_options["inner_lr"]) == (steps, inner_lr)
+    assert (c.optimizer, c.lr, c.lr_schedule) == ("adam", 0.001, [])
+    assert c.epochs * c.episodes_per_epoch // c.episodes_per_batch == 60_000  # meta-iterations
 
 
 def test_paper_configs_cover_every_setting():
@@ -71,7 +96,7 @@ def test_paper_settings(path):
         1.0, 0.06, 0.06, 0.012, 0.012, 0.0024, 0.0024,
     ]  # fmt: skip
     assert (c.epochs, c.episodes_per_epoch, c.episodes_per_batch) == (100, 1000, 2)
-    assert (c.augment, c.label_smoothing, c.ehg_splits) == (True, 0.1, 1)
+    assert (c.augment, c.label_smoothing, c.resplits) == (True, 0.1, 1)
     size = GEOMETRY[c.dataset][1]
     if c.backbone == "resnet12":
         assert c.backbone_options == {"drop_block_size": 5 if size == 84 else 2}
@@ -106,7 +131,7 @@ def test_table_dry_run_lists_the_papers_runs(tmp_path):
     assert len(commands) == len(trains) + len(evals)
     # 24 configs (3 methods x 2 backbones x 2 shots x 2 datasets), each plain and with EHG U=5.
     runs = [
-        (flag(c, "--config").relative_to(REPO / "models"), flag(c, "--ehg-splits")) for c in trains
+        (flag(c, "--config").relative_to(REPO / "models"), flag(c, "--resplits")) for c in trains
     ]
     expected = {
         (Path(d) / f"{m}_{b}_{s}shot.json", u)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
+from trainers import make_trainer
 
-from fewshot.config import TrainConfig
 from fewshot.datasets.sampler import EpisodeShape
-from fewshot.evaluate import episode_accuracies
-from fewshot.train import Trainer
+from fewshot.evaluation.episodes import episode_accuracies
+from fewshot.training.settings import TrainSettings
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.parametrize(("head", "amp"), [("protonet", "bf16"), ("ridge", "off"), ("svm", "fp16")])
 def test_train_and_evaluate_on_cuda(tmp_path, tiny_omniglot_root, monkeypatch, head, amp):
     monkeypatch.setenv("FEWSHOT_DATA", str(tiny_omniglot_root))
-    config = TrainConfig(
+    config = TrainSettings(
         head=head,
         way=5,
         shot=1,
@@ -25,19 +25,19 @@ def test_train_and_evaluate_on_cuda(tmp_path, tiny_omniglot_root, monkeypatch, h
         episodes_per_batch=2,
         epochs=1,
         val_episodes=8,
-        ehg_splits=3,
+        resplits=3,
         amp=amp,
         device="cuda",
         out=str(tmp_path / "run"),
     )
-    trainer = Trainer(config)
+    trainer = make_trainer(config)
     losses = [trainer.train_step()[0] for _ in range(3)]
     assert all(torch.isfinite(torch.tensor(losses)))
-    assert next(trainer.model.parameters()).device.type == "cuda"
+    assert next(trainer.method.parameters()).device.type == "cuda"
     shape = EpisodeShape(5, 1, 3, 4)
     cuda_device = torch.device("cuda")
-    cached = episode_accuracies(trainer.model, trainer.val_split, shape, 8, 0, cuda_device, True)
-    direct = episode_accuracies(trainer.model, trainer.val_split, shape, 8, 0, cuda_device, False)
+    cached = episode_accuracies(trainer.method, trainer.val_data, shape, 8, 0, cuda_device, True)
+    direct = episode_accuracies(trainer.method, trainer.val_data, shape, 8, 0, cuda_device, False)
     assert torch.allclose(cached, direct, atol=0.1)  # autocast may flip a rare close call
     trainer.fit()
     assert (tmp_path / "run" / "best.pt").is_file()

@@ -8,12 +8,12 @@ import subprocess
 import sys
 
 import torch
+from trainers import make_trainer
 
-from fewshot.config import TrainConfig
-from fewshot.device import images_to_device
-from fewshot.ehg import episode_loss
-from fewshot.io import load_checkpoint
-from fewshot.train import Trainer
+from fewshot.datasets.batches import images_to_device
+from fewshot.methods.resplit import episode_loss
+from fewshot.runtime.io import load_checkpoint
+from fewshot.training.settings import TrainSettings
 
 ARGS = dict(
     way=5,
@@ -39,14 +39,14 @@ def free_port() -> int:
 def reference_weights(out) -> dict:
     """One process: each step averages the gradients of the two halves of the batch, each half
     embedded on its own (DDP normalises BatchNorm per rank)."""
-    trainer = Trainer(TrainConfig(**ARGS, out=str(out)))
-    model, cfg = trainer.model, trainer.config
+    trainer = make_trainer(TrainSettings(**ARGS, out=str(out)))
+    model, cfg = trainer.method, trainer.settings
     model.train()
     for _ in range(trainer.steps_per_epoch):
         index = trainer.sampler.sample()
         trainer.optimizer.zero_grad()
         for half in index.chunk(2):
-            images = images_to_device(trainer.train_split, half.flatten(), trainer.device)
+            images = images_to_device(trainer.train_data, half.flatten(), trainer.device)
             emb = model.embed(images).view(*half.shape, -1)
             loss, _ = episode_loss(emb, model.head, model.scale, cfg.shot)
             (loss / 2).backward()
@@ -71,7 +71,7 @@ def test_torchrun_two_processes_match_one(tmp_path, tiny_omniglot_root, monkeypa
         "--nproc-per-node=2",
         f"--master-port={free_port()}",
         "-m",
-        "fewshot.cli",
+        "fewshot",
         "train",
         *flags,
         f"--out={out}",
@@ -94,7 +94,7 @@ def test_torchrun_two_processes_match_one(tmp_path, tiny_omniglot_root, monkeypa
     # Each rank's random streams are saved and each rank resumes its own: augmentation is off, so
     # rank r's augmentation generator must still be in its seeded state after a resumed epoch.
     def fresh(rank: int) -> torch.Tensor:
-        seed = TrainConfig().seed + 2 + rank
+        seed = TrainSettings().seed + 2 + rank
         return torch.Generator().manual_seed(seed).get_state()
 
     for rank, rng in enumerate(load_checkpoint(out / "last.pt")["rank_rngs"]):
@@ -108,5 +108,5 @@ def test_torchrun_two_processes_match_one(tmp_path, tiny_omniglot_root, monkeypa
         capture_output=True,
     )
     resumed = load_checkpoint(out / "last.pt")
-    assert resumed["epoch"] == 2
+    assert resumed["progress"]["epoch"] == 2
     assert [torch.equal(r["augment"], fresh(1)) for r in resumed["rank_rngs"]] == [False, True]

@@ -9,15 +9,13 @@ import pytest
 import torch
 
 from fewshot.backbones import Conv4, ResNet12
-from fewshot.ehg import (
-    check_splits,
-    distinct_splits,
-    draw_splits,
+from fewshot.heads import get_head
+from fewshot.methods.resplit import (
+    distinct_resplits,
+    draw_resplits,
     episode_loss,
     reembedding_gradients,
 )
-from fewshot.errors import FewshotError
-from fewshot.heads import get_head
 
 
 def support_sets(perm: torch.Tensor, shot: int) -> list[list[frozenset]]:
@@ -31,7 +29,7 @@ def support_sets(perm: torch.Tensor, shot: int) -> list[list[frozenset]]:
 
 def test_splits_are_distinct_permutations_with_the_original_first():
     gen = torch.Generator().manual_seed(0)
-    perm = draw_splits(batch=6, way=3, shot=1, query=1, num_splits=8, generator=gen)
+    perm = draw_resplits(batch=6, way=3, shot=1, query=1, u=8, generator=gen)
     assert perm.shape == (8, 6, 3, 2)
     assert torch.equal(perm[0], torch.arange(2).expand(6, 3, 2))
     assert torch.equal(perm.sort(-1).values, torch.arange(2).expand_as(perm))
@@ -41,10 +39,10 @@ def test_splits_are_distinct_permutations_with_the_original_first():
 
 
 def test_splits_are_seeded_and_uniform():
-    a = draw_splits(4, 5, 1, 15, 5, torch.Generator().manual_seed(1))
-    b = draw_splits(4, 5, 1, 15, 5, torch.Generator().manual_seed(1))
+    a = draw_resplits(4, 5, 1, 15, 5, torch.Generator().manual_seed(1))
+    b = draw_resplits(4, 5, 1, 15, 5, torch.Generator().manual_seed(1))
     assert torch.equal(a, b)
-    many = draw_splits(2000, 2, 2, 3, 2, torch.Generator().manual_seed(2))[1]
+    many = draw_resplits(2000, 2, 2, 3, 2, torch.Generator().manual_seed(2))[1]
     # each pooled image is support with probability shot/pool = 0.4
     freq = torch.zeros(5)
     freq.index_add_(0, many[..., :2].flatten(), torch.ones(2000 * 2 * 2))
@@ -52,14 +50,14 @@ def test_splits_are_seeded_and_uniform():
 
 
 def test_split_limits():
-    assert distinct_splits(5, 1, 1) == 32
-    assert distinct_splits(5, 1, 15) == 16**5
-    assert distinct_splits(2, 2, 2) == math.comb(4, 2) ** 2
-    check_splits(32, 5, 1, 1)
-    with pytest.raises(FewshotError, match="exceeds the 32 distinct splits"):
-        check_splits(33, 5, 1, 1)
-    with pytest.raises(FewshotError, match=">= 1"):
-        check_splits(0, 5, 1, 15)
+    assert distinct_resplits(5, 1, 1) == 32
+    assert distinct_resplits(5, 1, 15) == 16**5
+    assert distinct_resplits(2, 2, 2) == math.comb(4, 2) ** 2
+    generator = torch.Generator().manual_seed(0)
+    assert draw_resplits(1, 5, 1, 1, 32, generator).shape == (32, 1, 5, 2)
+    for u in (0, 33):  # the settings refuse these by flag; the function states its precondition
+        with pytest.raises(ValueError, match="distinct re-splits"):
+            draw_resplits(1, 5, 1, 1, u, generator)
 
 
 @pytest.mark.parametrize(
@@ -68,7 +66,7 @@ def test_split_limits():
 def test_every_allowed_number_of_splits_is_drawn_quickly_and_distinct(way, shot, query, u):
     # U at (or near) all C(shot+query, shot)^way splits: drawn by numbering, not rejection.
     start = time.perf_counter()
-    perm = draw_splits(3, way, shot, query, u, torch.Generator().manual_seed(0))
+    perm = draw_resplits(3, way, shot, query, u, torch.Generator().manual_seed(0))
     assert time.perf_counter() - start < 5.0
     assert torch.equal(perm[0], torch.arange(shot + query).expand(3, way, shot + query))
     assert torch.equal(perm.sort(-1).values, torch.arange(shot + query).expand_as(perm))
@@ -95,7 +93,7 @@ def test_embed_once_gradient_equals_average_of_split_gradients(backbone_name, he
     head = get_head(head_name)
     b, way, shot, query, u = 2, 3, 2, 2, 4
     images = torch.randn(b, way, shot + query, 1, size, size, dtype=torch.float64)
-    perm = draw_splits(b, way, shot, query, u, torch.Generator().manual_seed(3))
+    perm = draw_resplits(b, way, shot, query, u, torch.Generator().manual_seed(3))
 
     emb = net(images.flatten(0, 2)).view(b, way, shot + query, -1)
     loss, _ = episode_loss(emb, head, scale, shot, perm)
@@ -111,7 +109,7 @@ def test_embed_once_gradient_equals_average_of_split_gradients(backbone_name, he
 def test_one_split_is_the_plain_loss():
     emb = torch.randn(2, 5, 4, 8)
     head = get_head("protonet")
-    identity = draw_splits(2, 5, 1, 3, 1, torch.Generator().manual_seed(0))
+    identity = draw_resplits(2, 5, 1, 3, 1, torch.Generator().manual_seed(0))
     plain = episode_loss(emb, head, torch.tensor(1.0), 1)
     assert torch.equal(plain[0], episode_loss(emb, head, torch.tensor(1.0), 1, identity)[0])
     # by hand: prototypes are the first image of each class

@@ -8,8 +8,8 @@ import torch
 from fewshot.backbones import Conv4
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeShape
-from fewshot.evaluate import episode_accuracies, evaluate
-from fewshot.model import FewShotModel
+from fewshot.evaluation.episodes import episode_accuracies, evaluate
+from fewshot.methods.embedding import EmbeddingMethod
 
 
 def small_split(omniglot_test, classes: int = 40) -> ImageSplit:
@@ -28,7 +28,7 @@ def small_split(omniglot_test, classes: int = 40) -> ImageSplit:
 @pytest.mark.parametrize("head", ["protonet", "ridge", "svm"])
 def test_cache_gives_the_same_accuracies(omniglot_test, head):
     torch.manual_seed(0)
-    model = FewShotModel(Conv4(1, image_size=28), head)
+    model = EmbeddingMethod(Conv4(1, image_size=28), head)
     split = small_split(omniglot_test)
     shape = EpisodeShape(5, 1, 5, 4)
     options = {"max_iter": 3} if head == "svm" else None
@@ -40,7 +40,7 @@ def test_cache_gives_the_same_accuracies(omniglot_test, head):
 
 def test_same_seed_same_result_other_seed_other_episodes(omniglot_test):
     torch.manual_seed(0)
-    model = FewShotModel(Conv4(1, image_size=28), "protonet")
+    model = EmbeddingMethod(Conv4(1, image_size=28), "protonet")
     split = small_split(omniglot_test)
     shape = EpisodeShape(5, 1, 3, 5)
     a = evaluate(model, split, shape, 30, 5, torch.device("cpu"))

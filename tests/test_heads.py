@@ -9,9 +9,9 @@ import torch
 from qpth.qp import QPFunction
 from sklearn.linear_model import Ridge
 
-from fewshot.errors import FewshotError
 from fewshot.heads import HEADS, get_head, protonet, ridge, svm
 from fewshot.heads.svm import crammer_singer_dual
+from fewshot.runtime.errors import FewshotError
 
 # Enough interior-point steps for qpth to reach the float64 optimum on these small problems.
 CONVERGED_ITERS = 40

@@ -7,17 +7,18 @@ import json
 import pytest
 import torch
 
-from fewshot.cli import main
-from fewshot.errors import FewshotError
+from fewshot.cli.main import main
 from fewshot.hpo.tasks.classifiers import init_classifier
-from fewshot.hpo.tasks.cleaning import Settings, run_cleaning
+from fewshot.hpo.tasks.cleaning import Settings, load, run
 from fewshot.hpo.tasks.cleaning_data import (
     CleanValidationSplits,
     cleaner_scores,
     corrupt_labels,
     draw_cleaning_data,
 )
-from fewshot.settings import SettingError
+from fewshot.hpo.tasks.image_data import load_image_dataset
+from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.settings import SettingError
 
 SMALL = {"n_train": 600, "n_val": 300, "n_test": 500}
 
@@ -28,10 +29,16 @@ def settings(**changes) -> Settings:
     return Settings(**{**values, **SMALL, "device": "cpu", **changes})
 
 
+def draw_small(root) -> object:
+    """600 MNIST training examples (half of the labels corrupted), 300 validation, 500 test."""
+    train, test = (load_image_dataset("mnist", split, root) for split in ("train", "test"))
+    return draw_cleaning_data(train, test, **SMALL, noise=0.5, seed=3)
+
+
 @pytest.fixture(scope="module")
 def small_data(shared_data_root):
-    """600 MNIST training examples (half of the labels corrupted), 300 validation, 500 test."""
-    return draw_cleaning_data("mnist", **SMALL, noise=0.5, seed=3, data_root=shared_data_root)
+    """The small draw of seed 3."""
+    return draw_small(shared_data_root)
 
 
 def test_corruption_flips_to_a_different_label_at_the_rate():
@@ -52,7 +59,7 @@ def test_corruption_flips_to_a_different_label_at_the_rate():
 
 @pytest.mark.parametrize("rate", [1.0, -0.1, 1.5])
 def test_corruption_rate_outside_range_is_rejected(rate):
-    with pytest.raises(FewshotError, match="--noise"):
+    with pytest.raises(ValueError, match="corruption rate"):
         corrupt_labels(torch.zeros(3, dtype=torch.long), rate, 10, torch.Generator())
 
 
@@ -67,24 +74,33 @@ def test_cleaner_scores_against_hand_computed_values():
     assert s == {"precision": 0.0, "recall": 0.0, "f1": 0.0}
 
 
-def test_bad_sizes_and_missing_files_are_named(tmp_path):
-    with pytest.raises(FewshotError, match=r"--noise 1\.0"):
-        draw_cleaning_data("mnist", noise=1.0, data_root=tmp_path)
+def test_bad_settings_and_missing_files_are_named(tmp_path):
+    with pytest.raises(SettingError, match=r"noise must be >= 0 and < 1, got 1\.0"):
+        settings(noise=1.0)
+    with pytest.raises(SettingError, match="dataset must be one of"):
+        settings(dataset="cifar10")
     with pytest.raises(FewshotError, match="missing IDX file"):
-        draw_cleaning_data("mnist", data_root=tmp_path)
-    with pytest.raises(FewshotError, match="--dataset"):
-        draw_cleaning_data("cifar10", data_root=tmp_path)
+        load(settings(method="rhg", data_root=str(tmp_path)))
 
 
-def test_sizes_larger_than_the_data_are_rejected(shared_data_root):
-    with pytest.raises(FewshotError, match="exceed the 60000 training images"):
-        draw_cleaning_data("mnist", n_train=59000, n_val=2000, data_root=shared_data_root)
-    with pytest.raises(FewshotError, match="--n-test 10001"):
-        draw_cleaning_data("mnist", n_test=10001, data_root=shared_data_root)
+def test_sizes_larger_than_the_data_are_rejected(shared_data_root, tmp_path, capsys):
+    root = str(shared_data_root)
+    with pytest.raises(SettingError, match="exceed the 60000 training images"):
+        load(settings(n_train=59000, n_val=2000, data_root=root))
+    with pytest.raises(SettingError, match="n_test 10001 exceeds"):
+        load(settings(method="rhg", n_test=10001, data_root=root))
+    train, test = (load_image_dataset("mnist", split, root) for split in ("train", "test"))
+    with pytest.raises(ValueError, match="exceed the 60000 training and 10000 test images"):
+        draw_cleaning_data(train, test, n_test=10001)
+    args = ["hpo", "cleaning", "--dataset", "mnist", "--model", "sr", "--method", "oehg"]
+    args += ["--n-test", "10001", "--out", str(tmp_path), "--data-root", root]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--n-test 10001 exceeds the 10000 test images" in err
 
 
 def test_drawn_sets_are_disjoint_and_seeded(small_data, shared_data_root):
-    again = draw_cleaning_data("mnist", **SMALL, noise=0.5, seed=3, data_root=shared_data_root)
+    again = draw_small(shared_data_root)
     assert torch.equal(again.x_train, small_data.x_train)
     assert torch.equal(again.corrupted, small_data.corrupted)
     train_rows = {tuple(r) for r in small_data.x_train[:, ::7].tolist()}
@@ -116,7 +132,7 @@ def test_oehg_splits_move_disjoint_confident_examples(small_data):
 
 def test_oehg_down_weights_corrupted_examples(small_data):
     changes = {"outer_steps": 40, "extra_val": 40, "resplit_every": 10, "retrain_steps": 50}
-    result = run_cleaning(settings(**changes), small_data)
+    result = run(settings(**changes), small_data)
     assert result.corrupted_mean_weight < 0.3 < 0.7 < result.clean_mean_weight
     assert result.f1 > 85
     assert result.test_accuracy > 70
@@ -126,16 +142,16 @@ def test_oehg_down_weights_corrupted_examples(small_data):
 def test_rhg_and_trhg_down_weight_corrupted_examples(small_data):
     for method in ("rhg", "trhg"):
         changes = {"outer_steps": 6, "inner_steps": 8, "truncate": 2, "retrain_steps": 10}
-        result = run_cleaning(settings(method=method, **changes), small_data)
+        result = run(settings(method=method, **changes), small_data)
         assert result.corrupted_mean_weight + 0.15 < result.clean_mean_weight, method
         assert result.f1 > 70, method
 
 
 def test_settings_are_checked():
-    with pytest.raises(SettingError, match="splits applies to oehg only"):
-        settings(method="rhg", splits=3)
+    with pytest.raises(SettingError, match="resplits applies to oehg only"):
+        settings(method="rhg", resplits=3)
     with pytest.raises(SettingError, match=r"more than n_train \(600\)"):
-        settings(splits=3, extra_val=400)
+        settings(resplits=3, extra_val=400)
     with pytest.raises(SettingError, match="truncate must be <= inner_steps"):
         settings(method="trhg", truncate=100, inner_steps=64)
     settings(method="rhg", truncate=100, inner_steps=2)  # rhg does not read --truncate
@@ -143,7 +159,7 @@ def test_settings_are_checked():
 
 def test_cli_prints_scores_and_writes_json(tmp_path, capsys, shared_data_root):
     args = ["hpo", "cleaning", "--dataset", "mnist", "--model", "sr", "--method", "oehg"]
-    args += ["--splits", "2", "--n-train", "200", "--n-val", "100", "--n-test", "100"]
+    args += ["--resplits", "2", "--n-train", "200", "--n-val", "100", "--n-test", "100"]
     args += ["--outer-steps", "3", "--extra-val", "20", "--retrain-steps", "3", "--seed", "1"]
     args += ["--out", str(tmp_path), "--data-root", str(shared_data_root), "--device", "cpu"]
     assert main(args) == 0
@@ -152,7 +168,7 @@ def test_cli_prints_scores_and_writes_json(tmp_path, capsys, shared_data_root):
     assert f"test accuracy: {saved['test_accuracy']:.2f} %" in out
     assert f"F1: {saved['f1']:.2f} %" in out
     assert "precision:" in out and "recall:" in out
-    assert saved["settings"]["splits"] == 2
+    assert saved["settings"]["resplits"] == 2
 
 
 def test_cli_rejects_bad_noise(tmp_path, capsys):

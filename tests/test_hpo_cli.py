@@ -8,9 +8,9 @@ import time
 
 import pytest
 
-from fewshot.cli import main
+from fewshot.cli.main import main
 from fewshot.hpo.cli import COMMANDS
-from fewshot.hpo.splits import MAX_SPLITS
+from fewshot.hpo.splits import MAX_RESPLITS
 
 
 def error_line(capsys, args: list[str]) -> str:
@@ -29,13 +29,13 @@ def error_line(capsys, args: list[str]) -> str:
 
 def test_regularization_prints_and_writes_the_same_numbers(tmp_path, capsys):
     args = ["hpo", "regularization", "--dataset", "heart", "--model", "svm", "--method", "oehg"]
-    args += ["--seed", "1", "--out", str(tmp_path), "--outer-steps", "40", "--splits", "3"]
+    args += ["--seed", "1", "--out", str(tmp_path), "--outer-steps", "40", "--resplits", "3"]
     assert main(args) == 0
     out = capsys.readouterr().out
     saved = json.loads((tmp_path / "heart_svm_oehg_seed1.json").read_text())
     assert f"test loss: {saved['test_loss']:.4f}" in out
     assert f"test accuracy: {saved['test_accuracy']:.2f} %" in out
-    assert saved["settings"]["splits"] == 3 and len(saved["curve"]) == 40
+    assert saved["settings"]["resplits"] == 3 and len(saved["curve"]) == 40
     assert (tmp_path / "heart_svm_oehg_seed1.png").stat().st_size > 0
 
 
@@ -50,7 +50,8 @@ def test_regression_prints_no_accuracy(tmp_path, capsys):
 
 
 def test_bias_variance_prints_table_and_saves_plot(tmp_path, capsys):
-    args = ["hpo", "bias-variance", "--splits", "1,4", "--repeats", "30", "--out", str(tmp_path)]
+    args = ["hpo", "bias-variance", "--resplits", "1", "4", "--repeats", "30"]
+    args += ["--out", str(tmp_path)]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "var x U" in out and "bias^2" in out
@@ -95,14 +96,14 @@ REFUSED = [
     ),
     (
         REG.format(method="oehg", tmp="{tmp}"),
-        "--splits 1000000000",
-        f"--splits must be <= {MAX_SPLITS}",
+        "--resplits 1000000000",
+        f"--resplits must be <= {MAX_RESPLITS}",
     ),
     (REG.format(method="aid-cg", tmp="{tmp}").replace("logistic", "svm"), "", "--method aid-cg"),
     (REG.format(method="rhg", tmp="{tmp}").replace("logistic", "ridge"), "", "--model ridge"),
     (CLEAN.format(method="oehg", tmp="{tmp}"), "--seed -1", "--seed must be >= 0"),
     (CLEAN.format(method="oehg", tmp="{tmp}"), "--noise 1.0", "--noise must be >= 0 and < 1"),
-    (CLEAN.format(method="rhg", tmp="{tmp}"), "--splits 3", "--splits applies to oehg only"),
+    (CLEAN.format(method="rhg", tmp="{tmp}"), "--resplits 3", "--resplits applies to oehg only"),
     (
         CLEAN.format(method="trhg", tmp="{tmp}"),
         "--inner-steps 2",
@@ -110,18 +111,20 @@ REFUSED = [
     ),
     (
         CLEAN.format(method="oehg", tmp="{tmp}"),
-        "--splits 30",
-        "--splits 30 needs 29 x extra_val (400)",
+        "--resplits 30",
+        "--resplits 30 needs 29 x extra_val (400)",
     ),
     (CLEAN.format(method="oehg", tmp="{tmp}"), "--threshold nan", "--threshold must be a finite"),
-    (IMAGE.format(method="oehg", tmp="{tmp}"), "--splits 0", "--splits must be >= 1"),
+    (IMAGE.format(method="oehg", tmp="{tmp}"), "--resplits 0", "--resplits must be >= 1"),
     (IMAGE.format(method="oehg", tmp="{tmp}"), "--outer-lr inf", "--outer-lr must be a finite"),
     (IMAGE.format(method="trhg", tmp="{tmp}"), "--truncate 200", "--truncate must be <= inner"),
-    (BV, "--splits 1,x", "--splits must be comma-separated integers"),
-    (BV, "--splits 0,2", "--splits values must lie in 1..231"),
-    (BV, "--splits 232", "--splits values must lie in 1..231"),
+    (BV, "--resplits 1 x", "argument --resplits: invalid int value: 'x'"),
+    (BV, "--resplits 0 2", "--resplits values must lie in 1..231"),
+    (BV, "--resplits 232", "--resplits values must lie in 1..231"),
     (BV, "--repeats 0", "--repeats must be >= 1"),
     (BV, "--seed -5", "--seed must be >= 0"),
+    # 7 MiB a step: 10^9 steps cannot fit on any machine; refused before the first step.
+    (BV, "--inner-steps 1000000000", "--inner-steps 1000000000 would keep a 6884336 GiB RHG"),
 ]
 
 
@@ -145,7 +148,7 @@ def test_rhg_cleaning_does_not_check_the_truncation_it_does_not_use(capsys, tmp_
 def test_impossible_split_count_is_refused_at_once(capsys, tmp_path):
     # pyrim's 14 observed examples with 3 for validation have C(14, 3) = 364 distinct splits.
     words = REG.format(method="oehg", tmp=tmp_path).replace("heart", "pyrim").split()
-    words = [w.replace("logistic", "ridge") for w in words] + ["--splits", "365"]
+    words = [w.replace("logistic", "ridge") for w in words] + ["--resplits", "365"]
     start = time.perf_counter()
     assert "allow only 364 distinct splits" in error_line(capsys, words)
     assert time.perf_counter() - start < 5
@@ -154,9 +157,9 @@ def test_impossible_split_count_is_refused_at_once(capsys, tmp_path):
 def test_every_distinct_split_can_be_used(capsys, tmp_path):
     words = REG.format(method="oehg", tmp=tmp_path).replace("heart", "pyrim").split()
     words = [w.replace("logistic", "ridge") for w in words]
-    assert main([*words, "--splits", "364", "--outer-steps", "2"]) == 0
+    assert main([*words, "--resplits", "364", "--outer-steps", "2"]) == 0
     saved = json.loads((tmp_path / "pyrim_ridge_oehg_seed0.json").read_text())
-    assert saved["settings"]["splits"] == 364
+    assert saved["settings"]["resplits"] == 364
 
 
 def test_corrupt_libsvm_files_are_one_line_naming_the_file(capsys, tmp_path):
@@ -173,3 +176,54 @@ def test_corrupt_libsvm_files_are_one_line_naming_the_file(capsys, tmp_path):
     (folder / "a9a").write_text("+1 1:0.5\n-1 1:0.25 2:oops\n")
     err = error_line(capsys, words)
     assert "a9a:2:" in err and "'2:oops'" in err
+
+
+def pyrim(tmp_path, *extra: str) -> list[str]:
+    """A fast regularization run writing into tmp_path/out."""
+    args = ["hpo", "regularization", "--dataset", "pyrim", "--model", "ridge", "--method", "rhg"]
+    return [
+        *args,
+        "--outer-steps",
+        "2",
+        "--inner-steps",
+        "4",
+        "--out",
+        str(tmp_path / "out"),
+        *extra,
+    ]
+
+
+def test_a_result_of_other_settings_is_kept_unless_overwrite(tmp_path, capsys):
+    assert main(pyrim(tmp_path, "--outer-lr", "0.01")) == 0
+    result = tmp_path / "out" / "pyrim_ridge_rhg_seed0.json"
+    # The same settings again: the same result, replaced without a word.
+    assert main(pyrim(tmp_path, "--outer-lr", "0.01")) == 0
+    capsys.readouterr()
+    kept = result.read_bytes()
+    err = error_line(capsys, pyrim(tmp_path, "--outer-lr", "0.02"))
+    assert err.endswith(f": {result} already holds another result; pass --overwrite to replace it")
+    assert result.read_bytes() == kept
+    assert main(pyrim(tmp_path, "--outer-lr", "0.02", "--overwrite")) == 0
+    assert json.loads(result.read_text())["settings"]["outer_lr"] == 0.02
+
+
+def test_an_unwritable_out_is_refused_before_the_work(tmp_path, capsys, monkeypatch):
+    import fewshot.hpo.tasks.regularization as task
+
+    monkeypatch.setattr(task, "load", lambda s: pytest.fail("the data was read"))
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    args = [*pyrim(tmp_path)[:-1], str(blocker / "under")]
+    assert f"cannot write {blocker / 'under'}" in error_line(capsys, args)
+    # A folder where the result file goes is not replaced either.
+    (tmp_path / "out" / "pyrim_ridge_rhg_seed0.json").mkdir(parents=True)
+    assert "it is a folder" in error_line(capsys, pyrim(tmp_path))
+
+
+def test_the_plot_of_a_kept_result_is_kept(tmp_path, capsys):
+    plot = tmp_path / "out" / "bias_variance.png"
+    plot.parent.mkdir()
+    plot.write_bytes(b"an earlier plot")
+    args = ["hpo", "bias-variance", "--resplits", "1", "--repeats", "2", "--out", str(plot.parent)]
+    assert "already holds another result" in error_line(capsys, args)
+    assert plot.read_bytes() == b"an earlier plot"

@@ -15,17 +15,17 @@ import pytest
 import torch
 from PIL import Image
 
-from fewshot.cli import main
+from fewshot.cli.main import main
 from fewshot.datasets.idx import read_idx
-from fewshot.errors import FewshotError
 from fewshot.hpo.tasks.classifiers import classifier_logits, classifier_scores, init_classifier
 from fewshot.hpo.tasks.image_data import flat_pixels, load_image_dataset
 from fewshot.hpo.tasks.image_regularization import Settings as RegularizationSettings
 from fewshot.hpo.tasks.image_regularization import (
     draw_observed_data,
     regularization_problem,
-    run_image_regularization,
+    run,
 )
+from fewshot.runtime.errors import FewshotError
 
 # Canonical MNIST class counts (LeCun et al.), train and t10k.
 MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949]
@@ -233,25 +233,25 @@ def test_short_image_regularization_run_learns(shared_data_root, method):
         inner_steps=16,
         truncate=4,
     )
-    result = run_image_regularization(settings, data)
+    result = run(settings, data)
     assert result.outer_losses[-1] < 0.8 * math.log(10)  # well below chance-level cross-entropy
     assert result.test_accuracy > 60
     assert set(result.mean_log_lam) == {"w", "b"}
-    assert run_image_regularization(settings, data).outer_losses == result.outer_losses
+    assert run(settings, data).outer_losses == result.outer_losses
 
 
 def test_image_regularization_cli(tmp_path, capsys, shared_data_root):
     args = ["hpo", "image-regularization", "--dataset", "mnist", "--model", "sr"]
-    args += ["--method", "oehg", "--splits", "2", "--outer-steps", "2", "--seed", "4"]
+    args += ["--method", "oehg", "--resplits", "2", "--outer-steps", "2", "--seed", "4"]
     args += ["--out", str(tmp_path), "--data-root", str(shared_data_root), "--device", "cpu"]
     assert main(args) == 0
     saved = json.loads((tmp_path / "imgreg_mnist_sr_oehg_seed4.json").read_text())
     out = capsys.readouterr().out
     assert f"test accuracy: {saved['test_accuracy']:.2f} %" in out
     assert f"test loss: {saved['test_loss']:.4f}" in out
-    args[args.index("--splits") + 1] = "0"
+    args[args.index("--resplits") + 1] = "0"
     assert main(args) == 2
-    assert "--splits must be >= 1, got 0" in capsys.readouterr().err
+    assert "--resplits must be >= 1, got 0" in capsys.readouterr().err
 
 
 def _one_line_error(capsys, args: list[str]) -> str:

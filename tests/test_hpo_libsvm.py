@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from fewshot.datasets.libsvm import DATASETS, find_file, load_dataset, read_libsvm
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 
 @pytest.mark.parametrize(

@@ -12,7 +12,6 @@ import torch
 from sklearn.linear_model import LogisticRegression, Ridge
 
 from fewshot.datasets.libsvm import load_dataset
-from fewshot.errors import FewshotError
 from fewshot.hpo.hypergrad import rhg
 from fewshot.hpo.tasks.regularization import (
     Settings,
@@ -21,7 +20,8 @@ from fewshot.hpo.tasks.regularization import (
     make_problem,
     run,
 )
-from fewshot.settings import SettingError
+from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.settings import SettingError
 
 
 @pytest.fixture(scope="module")
@@ -123,10 +123,10 @@ def test_short_runs_are_seeded_and_report_the_deployed_model(heart, method):
         inner_steps=16,
         truncate=4,
         solver_steps=5,
-        splits=2,
+        resplits=2,
         eval_points=4,
     )
-    first, second = run(heart, settings), run(heart, settings)
+    first, second = run(settings, heart), run(settings, heart)
     assert first.lam == second.lam and first.test_loss == second.test_loss
     assert len(first.lam) == 1 and first.lam[0] != pytest.approx(settings.init_lam, rel=1e-6)
     assert 0.0 < first.test_accuracy <= 100.0
@@ -136,7 +136,7 @@ def test_short_runs_are_seeded_and_report_the_deployed_model(heart, method):
 def test_oehg_improves_on_its_initial_model(heart):
     """Hundreds of OEHG steps must beat the zero model (test loss log 2) by a clear margin."""
     settings = Settings(dataset="heart", model="logistic", method="oehg", out="unused")
-    result = run(heart, replace(settings, outer_steps=300))
+    result = run(replace(settings, outer_steps=300), heart)
     assert result.test_loss < 0.8 * math.log(2.0)
     assert result.test_accuracy > 75.0
 
@@ -151,11 +151,11 @@ def test_user_errors(heart):
         Settings(**base, model="svm", method="rhg", gamma=1.5)
     with pytest.raises(SettingError, match="aid-cg cannot learn the svm"):
         Settings(**base, model="svm", method="aid-cg")
-    pyrim = Settings(dataset="pyrim", out="unused", model="ridge", method="oehg", splits=365)
-    with pytest.raises(FewshotError, match=r"--splits 365: .* only 364 distinct splits"):
-        run(load_dataset("pyrim", 0), pyrim)
+    pyrim = Settings(dataset="pyrim", out="unused", model="ridge", method="oehg", resplits=365)
+    with pytest.raises(SettingError, match=r"resplits must be <= 364, got 365: .* 364 distinct"):
+        run(pyrim, load_dataset("pyrim", 0))
     with pytest.raises(FewshotError, match="the data is heart, but the settings name pyrim"):
-        run(heart, pyrim)
+        run(pyrim, heart)
 
 
 def test_truncation_is_checked_for_trhg_only():

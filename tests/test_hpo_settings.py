@@ -12,22 +12,22 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from fewshot.hpo.splits import MAX_SPLITS
+from fewshot.hpo.splits import MAX_RESPLITS
 from fewshot.hpo.tasks.cleaning import Settings as CleaningSettings
 from fewshot.hpo.tasks.regularization import Settings as RegularizationSettings
-from fewshot.settings import SEED_MAX, SettingError
+from fewshot.runtime.settings import SEED_MAX, SettingError
 
 BASES = {
     RegularizationSettings: {"dataset": "heart", "model": "logistic", "method": "oehg", "out": "o"},
     CleaningSettings: {"dataset": "mnist", "model": "mlp", "method": "oehg", "out": "o"},
 }
-CAPS = {"splits": MAX_SPLITS}  # the cross-field limit on U: valid draws stay within it
+CAPS = {"resplits": MAX_RESPLITS}  # the cross-field limit on U: valid draws stay within it
 BIG = 10**6
 
 
 def _cross_field_ok(values: dict) -> bool:
     """OEHG cleaning moves extra_val examples per extra split: they must fit in n_train."""
-    count = values.get("splits") or 5
+    count = values.get("resplits") or 5
     return values.get("extra_val", 400) * (count - 1) <= values.get("n_train", 8000)
 
 
@@ -128,7 +128,7 @@ def test_valid_values_build(cls, data):
     assert isinstance(built.seed, int) and 0 <= built.seed <= SEED_MAX
 
 
-def test_the_split_cap_is_a_setting_error_naming_splits():
-    with pytest.raises(SettingError, match=f"must be <= {MAX_SPLITS}") as refused:
-        RegularizationSettings(**BASES[RegularizationSettings], splits=MAX_SPLITS + 1)
-    assert refused.value.key == "splits" and "memory" in str(refused.value)
+def test_the_resplit_cap_is_a_setting_error_naming_resplits():
+    with pytest.raises(SettingError, match=f"must be <= {MAX_RESPLITS}") as refused:
+        RegularizationSettings(**BASES[RegularizationSettings], resplits=MAX_RESPLITS + 1)
+    assert refused.value.key == "resplits" and "memory" in str(refused.value)

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from fewshot.datasets.sampler import EpisodeShape
-from fewshot.evaluate import evaluate
-from fewshot.io import load_checkpoint
+from fewshot.evaluation.episodes import evaluate
+from fewshot.runtime.io import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -36,3 +37,10 @@ def test_the_zoo_model_is_the_trained_checkpoint_and_classifies(omniglot_test):
     assert not torch.equal(
         untrained.backbone.encoder[0][0].weight, model.backbone.encoder[0][0].weight
     )
+
+
+def test_hub_keyword_arguments_are_checked_by_name():
+    with pytest.raises(ValueError, match="ResNet12 drop_block_size must be an integer >= 1"):
+        torch.hub.load(str(REPO), "resnet12", source="local", drop_block_size=-1)
+    with pytest.raises(ValueError, match="Conv4 in_channels must be an integer >= 1, got 'x'"):
+        torch.hub.load(str(REPO), "conv4", source="local", in_channels="x")

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from fewshot.io import load_checkpoint
+from fewshot.runtime.io import load_checkpoint
 
-TRAIN = [sys.executable, "-m", "fewshot.cli", "train", "--way", "5", "--shot", "1"]
+TRAIN = [sys.executable, "-m", "fewshot", "train", "--way", "5", "--shot", "1"]
 TRAIN += ["--query", "3", "--epochs", "3", "--episodes-per-epoch", "24", "--val-episodes", "40"]
 TRAIN += ["--optimizer", "adam", "--lr", "0.001", "--device", "cpu"]
 

@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from fewshot.errors import FewshotError
-from fewshot.io import atomic_torch_save, atomic_write_text, check_writable, load_checkpoint
+from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.io import atomic_torch_save, atomic_write_text, check_writable, load_checkpoint
 
 
 def test_files_get_the_mode_the_umask_gives(tmp_path):

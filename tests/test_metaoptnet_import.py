@@ -9,11 +9,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fewshot.cli import main
-from fewshot.errors import FewshotError
-from fewshot.io import load_checkpoint
-from fewshot.metaoptnet_import import import_metaoptnet
-from fewshot.model import load_model
+from fewshot.cli.main import main
+from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.io import load_checkpoint
+from fewshot.training.checkpoint import load_trained
+from fewshot.training.metaoptnet_import import import_metaoptnet
 
 
 def bn_entries(prefix: str, channels: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -113,8 +113,9 @@ def test_imported_model_computes_metaoptnet_forward(tmp_path, backbone, prefix):
     # Through the CLI, and back through the loader `fewshot eval` uses.
     assert main(["import-metaoptnet", "--checkpoint", str(path), "--backbone", backbone,
                  "--head", "svm", "--dataset", "cifar-fs", "--out", str(out)]) == 0  # fmt: skip
-    model, config = load_model(load_checkpoint(out), out, torch.device("cpu"))
-    assert (config["backbone"], config["head"], config["image_size"]) == (backbone, "svm", 32)
+    model, config = load_trained(out, torch.device("cpu"))
+    image_size = load_checkpoint(out)["config"]["image_size"]
+    assert (config["backbone"], config["head"], image_size) == (backbone, "svm", 32)
     assert config["eval_head_options"] == {"max_iter": 3}
     images = torch.randn(6, 3, 32, 32, generator=torch.Generator().manual_seed(2))
     model.amp = "off"  # the reference forward is float32

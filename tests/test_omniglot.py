@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from fewshot.datasets import REPO_DATA, load_split
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 
 def test_test_split_matches_vinyals(omniglot_test):

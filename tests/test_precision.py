@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from trainers import make_trainer
 
-import fewshot.precision
+import fewshot.runtime.precision
 from fewshot.backbones import Conv4
-from fewshot.cli import main
-from fewshot.config import TrainConfig
-from fewshot.model import FewShotModel
-from fewshot.precision import cpu_has_native_bf16, precision_name, resolve_amp
-from fewshot.train import Trainer
+from fewshot.cli.main import main
+from fewshot.methods.embedding import EmbeddingMethod
+from fewshot.runtime.precision import cpu_has_native_bf16, precision_name, resolve_amp
+from fewshot.training.settings import TrainSettings
 
 CPUINFO = Path("/proc/cpuinfo")
 NATIVE = cpu_has_native_bf16()
@@ -40,7 +40,7 @@ def test_native_bf16_agrees_with_the_kernels_cpu_flags():
 
 @pytest.mark.parametrize("native", [True, False])
 def test_auto_is_bf16_only_on_a_cpu_with_native_bf16(monkeypatch, fresh_resolution, native):
-    monkeypatch.setattr(fewshot.precision, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(fewshot.runtime.precision, "cpu_has_native_bf16", lambda: native)
     assert resolve_amp("auto", "cpu") == ("bf16" if native else "off")
     assert resolve_amp("auto", "cuda") == "off"  # float32 on GPUs until measured there
     for explicit in ("off", "bf16", "fp16"):
@@ -53,7 +53,7 @@ def test_auto_is_bf16_only_on_a_cpu_with_native_bf16(monkeypatch, fresh_resoluti
 @pytest.mark.skipif(not NATIVE, reason="this CPU has no native bf16")
 def test_auto_runs_the_backbone_in_bf16_and_returns_float32():
     torch.manual_seed(0)
-    model = FewShotModel(Conv4(1, image_size=28), "protonet").eval()
+    model = EmbeddingMethod(Conv4(1, image_size=28), "protonet").eval()
     images = torch.rand(12, 1, 28, 28)
     with torch.no_grad():
         auto = model.embed(images)
@@ -72,7 +72,7 @@ def test_training_records_its_precision_and_eval_can_opt_out(
     tmp_path, tiny_omniglot_root, monkeypatch
 ):
     monkeypatch.setenv("FEWSHOT_DATA", str(tiny_omniglot_root))
-    config = TrainConfig(
+    config = TrainSettings(
         dataset="omniglot",
         way=5,
         shot=1,
@@ -85,7 +85,7 @@ def test_training_records_its_precision_and_eval_can_opt_out(
         device="cpu",
     )
     assert config.amp == "auto"
-    run = Trainer(config).fit()
+    run = make_trainer(config).fit()
     row = json.loads((run / "metrics.jsonl").read_text())
     assert row["precision"] == ("bf16" if NATIVE else "float32")
 

@@ -18,7 +18,7 @@ from PIL import Image
 from fewshot.datasets import REPO_DATA, load_split
 from fewshot.datasets.array_split import hwc_to_split
 from fewshot.datasets.safe_pickle import safe_load
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 RNG = np.random.default_rng(0)
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fewshot.datasets.sampler import EpisodeSampler, EpisodeShape
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 
 def uneven_labels() -> torch.Tensor:
@@ -55,11 +55,16 @@ def test_same_seed_same_episodes_and_resume():
     [
         (EpisodeShape(13, 1, 1), "13-way episodes need 13 classes, 12"),
         (EpisodeShape(5, 3, 4), "shot \\+ query = 7 images per class, but class 0"),
-        (EpisodeShape(0, 1, 1), "--way must be positive"),
-        (EpisodeShape(5, 1, 1, 0), "--episodes-per-batch"),
     ],
 )
 def test_impossible_requests_are_refused(shape, message):
     labels = torch.cat([torch.full((6 + c,), c) for c in range(12)])
     with pytest.raises(FewshotError, match=message):
         EpisodeSampler(labels, shape, 0, source="toy")
+
+
+@pytest.mark.parametrize("shape", [EpisodeShape(0, 1, 1), EpisodeShape(5, 1, 1, 0)])
+def test_a_shape_the_settings_refuse_is_a_plain_precondition(shape):
+    labels = torch.cat([torch.full((6 + c,), c) for c in range(12)])
+    with pytest.raises(ValueError, match="way, shot and batch >= 1"):
+        EpisodeSampler(labels, shape, 0)

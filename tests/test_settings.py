@@ -1,4 +1,4 @@
-"""The settings layer: every field of TrainConfig refuses wrong types and ranges (property-based,
+"""The settings layer: every field of TrainSettings refuses wrong types and ranges (property-based,
 with hypothesis), sources layer in order, and errors name the flag or the file and key."""
 
 from __future__ import annotations
@@ -11,12 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fewshot.config import TrainConfig, make_config
-from fewshot.errors import FewshotError
-from fewshot.settings import SEED_MAX, build
+from fewshot.cli.main import main
+from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.settings import SEED_MAX, build
+from fewshot.training.settings import TrainSettings, make_config
 
-FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
-HINTS = typing.get_type_hints(TrainConfig)
+FIELDS = {f.name: f for f in dataclasses.fields(TrainSettings)}
+HINTS = typing.get_type_hints(TrainSettings)
 
 anything = st.one_of(
     st.none(),
@@ -52,7 +53,7 @@ def test_a_value_of_the_wrong_type_is_refused_naming_its_key(key, value):
     if accepts_type(HINTS[key], value):
         return  # right type: the range test below covers it
     with pytest.raises(FewshotError) as refused:
-        build(TrainConfig, [("config file c.json", {key: value})])
+        build(TrainSettings, [("config file c.json", {key: value})])
     assert str(refused.value).startswith(f'config file c.json: "{key}"')
 
 
@@ -70,7 +71,7 @@ def test_a_number_below_its_range_is_refused_naming_its_flag(key, data):
         else data.draw(st.floats(max_value=low, exclude_max=True, allow_nan=False))
     )
     with pytest.raises(FewshotError) as refused:
-        build(TrainConfig, [("flags", {key: below})])
+        build(TrainSettings, [("flags", {key: below})])
     assert str(refused.value).startswith(f"--{key.replace('_', '-')} must be")
 
 
@@ -92,9 +93,9 @@ def test_valid_values_build_and_round_trip(
     values = dict(way=way, shot=shot, query=query, lr=lr, momentum=momentum, seed=seed)
     values.update(label_smoothing=smoothing, episodes_per_batch=batch)
     values.update(episodes_per_epoch=batch * steps)
-    config = build(TrainConfig, [("flags", values)])
+    config = build(TrainSettings, [("flags", values)])
     assert {k: getattr(config, k) for k in values} == values
-    assert TrainConfig(**config.to_dict()) == config
+    assert TrainSettings(**config.to_dict()) == config
 
 
 def test_sources_layer_in_order_and_errors_name_their_source(tmp_path):
@@ -108,3 +109,24 @@ def test_sources_layer_in_order_and_errors_name_their_source(tmp_path):
     path.write_text('{"shot": 0}')
     with pytest.raises(FewshotError, match=rf'^config file {path}: "shot" must be >= 1, got 0$'):
         make_config(str(path), {})
+
+
+@pytest.mark.parametrize(
+    ("backbone", "options", "message"),
+    [
+        ("resnet12", '{"drop_block_size": -1}', "--backbone-options ResNet12 drop_block_size"),
+        ("conv4", '{"channels": -3}', "--backbone-options Conv4 channels must be an integer >= 1"),
+        ("resnet12", '{"channels": [64, 64]}', "--backbone-options.channels must be a list of 4"),
+    ],
+)
+def test_backbone_options_are_checked_before_any_data(backbone, options, message, capsys, tmp_path):
+    args = ["train", "--backbone", backbone, "--backbone-options", options]
+    assert main([*args, "--data-root", "/nonexistent", "--out", str(tmp_path / "run")]) == 2
+    assert not (tmp_path / "run").exists()
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_a_json_list_is_a_fixed_length_tuple() -> None:
+    settings = TrainSettings(backbone="resnet12", backbone_options={"channels": [8, 8, 16, 16]})
+    assert settings.backbone_options == {"channels": [8, 8, 16, 16]}

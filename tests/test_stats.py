@@ -11,7 +11,7 @@ import pytest
 import torch
 from scipy import stats
 
-from fewshot.stats import ci95, paired_ci, paired_seeds_ci, seeds_ci
+from fewshot.evaluation.stats import ci95, paired_ci, paired_seeds_ci, seeds_ci
 
 
 def test_ci95_is_sample_std_over_sqrt_n():

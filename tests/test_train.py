@@ -9,18 +9,20 @@ import signal
 import pytest
 import torch
 import torch.nn.functional as F
+from trainers import make_trainer
 
-import fewshot.train
-from fewshot.config import TrainConfig
+import fewshot.methods.embedding
+from fewshot.cli.train import TrainRun, run_train
 from fewshot.datasets import load_split
 from fewshot.datasets.sampler import EpisodeSampler, EpisodeShape
-from fewshot.errors import FewshotError
 from fewshot.heads import get_head
-from fewshot.interrupt import Interrupted
-from fewshot.io import load_checkpoint
-from fewshot.model import build_model
-from fewshot.run_folder import RunFolder
-from fewshot.train import Trainer, model_config
+from fewshot.methods import build_method
+from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.io import load_checkpoint
+from fewshot.runtime.run_folder import RunFolder
+from fewshot.runtime.signals import Interrupted
+from fewshot.training.settings import TrainSettings
+from fewshot.training.trainer import Trainer
 
 
 @pytest.fixture(autouse=True)
@@ -29,7 +31,7 @@ def tiny_data(tiny_omniglot_root, monkeypatch):
     monkeypatch.setenv("FEWSHOT_DATA", str(tiny_omniglot_root))
 
 
-def tiny_config(tmp_path, **changes) -> TrainConfig:
+def tiny_config(tmp_path, **changes) -> TrainSettings:
     """A seconds-long run on 24 Omniglot classes."""
     values = dict(
         dataset="omniglot",
@@ -48,17 +50,17 @@ def tiny_config(tmp_path, **changes) -> TrainConfig:
         device="cpu",
     )
     values.update(changes)
-    return TrainConfig(**values)
+    return TrainSettings(**values)
 
 
 def test_trainer_matches_a_hand_written_loop(tmp_path):
     config = tiny_config(tmp_path, channels_last=False, amp="off")  # the loop is float32
-    trainer = Trainer(config)
+    trainer = make_trainer(config)
     got = [trainer.train_step()[0] for _ in range(3)]
 
     split = load_split("omniglot", "train")
     torch.manual_seed(config.seed)
-    model = build_model(model_config(config, split))
+    model = build_method({**config.to_dict(), "in_channels": 1, "image_size": 28})
     opt = torch.optim.SGD(model.parameters(), 0.05, momentum=0.9, nesterov=True, weight_decay=5e-4)
     sampler = EpisodeSampler(split.labels, EpisodeShape(5, 1, 2, 2), config.seed)
     protonet = get_head("protonet")
@@ -93,14 +95,14 @@ def assert_same_run(a: dict, b: dict) -> None:
         assert torch.equal(value, b["model"][key]), key
 
 
-@pytest.mark.parametrize("ehg_splits", [1, 3])
-def test_resume_is_bit_identical(tmp_path, ehg_splits):
-    straight = tiny_config(tmp_path / "a", ehg_splits=ehg_splits)
-    Trainer(straight).fit()
-    first = tiny_config(tmp_path / "b", ehg_splits=ehg_splits, epochs=1)
-    Trainer(first).fit()
-    resumed = tiny_config(tmp_path / "b", ehg_splits=ehg_splits)
-    Trainer(resumed, resume=str(tmp_path / "b" / "run" / "last.pt")).fit()
+@pytest.mark.parametrize("resplits", [1, 3])
+def test_resume_is_bit_identical(tmp_path, resplits):
+    straight = tiny_config(tmp_path / "a", resplits=resplits)
+    make_trainer(straight).fit()
+    first = tiny_config(tmp_path / "b", resplits=resplits, epochs=1)
+    make_trainer(first).fit()
+    resumed = tiny_config(tmp_path / "b", resplits=resplits)
+    make_trainer(resumed, resume=str(tmp_path / "b" / "run" / "last.pt")).fit()
     assert_same_run(final_state(tmp_path / "a" / "run"), final_state(tmp_path / "b" / "run"))
     assert (tmp_path / "b" / "run" / "best.pt").is_file()
 
@@ -123,13 +125,13 @@ def interrupted_then_resumed(
 
     monkeypatch.setattr(Trainer, method, signalled)
     with pytest.raises(Interrupted, match="saved") as stopped:
-        Trainer(config).fit()
+        make_trainer(config).fit()
     assert stopped.value.signum == signal.SIGTERM
     ckpt = load_checkpoint(tmp_path / "run" / "last.pt")
     monkeypatch.setattr(Trainer, method, real)
-    Trainer(config, resume=str(tmp_path / "run" / "last.pt")).fit()
+    make_trainer(config, resume=str(tmp_path / "run" / "last.pt")).fit()
     assert not list((tmp_path / "run").glob(".*.tmp"))
-    return (ckpt["epoch"], ckpt["step"]), final_state(tmp_path / "run")
+    return (ckpt["progress"]["epoch"], ckpt["progress"]["step"]), final_state(tmp_path / "run")
 
 
 @pytest.mark.parametrize(
@@ -142,7 +144,7 @@ def interrupted_then_resumed(
     ],
 )
 def test_interruption_resumes_exactly(tmp_path, monkeypatch, method, call, where):
-    Trainer(tiny_config(tmp_path / "a")).fit()
+    make_trainer(tiny_config(tmp_path / "a")).fit()
     straight = final_state(tmp_path / "a" / "run")
     stopped_at, resumed = interrupted_then_resumed(tmp_path / "b", monkeypatch, method, call)
     assert stopped_at == where
@@ -152,7 +154,7 @@ def test_interruption_resumes_exactly(tmp_path, monkeypatch, method, call, where
 
 def test_a_second_signal_during_a_save_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
     config = tiny_config(tmp_path, epochs=2)
-    Trainer(tiny_config(tmp_path, epochs=1)).fit()
+    make_trainer(tiny_config(tmp_path, epochs=1)).fit()
     before = load_checkpoint(tmp_path / "run" / "last.pt")
 
     def interrupted_save(obj, path):
@@ -160,22 +162,23 @@ def test_a_second_signal_during_a_save_leaves_the_previous_checkpoint(tmp_path, 
             f.write(b"half")  # what a killed write leaves; the atomic write removes its own
         raise Interrupted(signal.SIGINT, "second signal: stopped at once")
 
-    monkeypatch.setattr("fewshot.train.atomic_torch_save", interrupted_save)
+    monkeypatch.setattr("fewshot.training.trainer.atomic_torch_save", interrupted_save)
     with pytest.raises(Interrupted):
-        Trainer(config, resume=str(tmp_path / "run" / "last.pt")).fit()
+        make_trainer(config, resume=str(tmp_path / "run" / "last.pt")).fit()
     after = load_checkpoint(tmp_path / "run" / "last.pt")
-    assert (after["epoch"], after["step"]) == (before["epoch"], before["step"]) == (1, 0)
+    counters = [(c["progress"]["epoch"], c["progress"]["step"]) for c in (after, before)]
+    assert counters == [(1, 0), (1, 0)]
     monkeypatch.undo()
-    Trainer(config, resume=str(tmp_path / "run" / "last.pt")).fit()  # stale .tmp cleaned up
+    make_trainer(config, resume=str(tmp_path / "run" / "last.pt")).fit()  # stale .tmp cleaned up
     assert not list((tmp_path / "run").glob(".*.tmp"))
 
 
 def test_a_non_finite_loss_never_reaches_the_weights(tmp_path, monkeypatch):
-    Trainer(tiny_config(tmp_path, epochs=1)).fit()
+    make_trainer(tiny_config(tmp_path, epochs=1)).fit()
     finite = load_checkpoint(tmp_path / "run" / "last.pt")
     config = tiny_config(tmp_path, epochs=2)
-    trainer = Trainer(config, resume=str(tmp_path / "run" / "last.pt"))
-    real_loss = fewshot.train.episode_loss
+    trainer = make_trainer(config, resume=str(tmp_path / "run" / "last.pt"))
+    real_loss = fewshot.methods.embedding.episode_loss
     calls = {"n": 0}
 
     def poisoned(*args, **kwargs):
@@ -183,13 +186,13 @@ def test_a_non_finite_loss_never_reaches_the_weights(tmp_path, monkeypatch):
         calls["n"] += 1
         return (loss * float("nan") if calls["n"] == 2 else loss), acc
 
-    monkeypatch.setattr("fewshot.train.episode_loss", poisoned)
+    monkeypatch.setattr("fewshot.methods.embedding.episode_loss", poisoned)
     trainer.train_step()
-    weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    weights = {k: v.clone() for k, v in trainer.method.state_dict().items()}
     momentum = [s["momentum_buffer"].clone() for s in trainer.optimizer.state.values()]
     with pytest.raises(FewshotError, match="non-finite"):
         trainer.train_step()
-    for key, value in trainer.model.state_dict().items():
+    for key, value in trainer.method.state_dict().items():
         if "running" not in key and "num_batches" not in key:  # BatchNorm saw the batch
             assert torch.equal(value, weights[key]), key
     for before, state in zip(momentum, trainer.optimizer.state.values(), strict=True):
@@ -197,23 +200,23 @@ def test_a_non_finite_loss_never_reaches_the_weights(tmp_path, monkeypatch):
     # Through fit: the run stops and the checkpoint on disk keeps its finite weights.
     calls["n"] = 0
     with pytest.raises(FewshotError, match="non-finite"):
-        Trainer(config, resume=str(tmp_path / "run" / "last.pt")).fit()
+        make_trainer(config, resume=str(tmp_path / "run" / "last.pt")).fit()
     kept = load_checkpoint(tmp_path / "run" / "last.pt")
     for key, value in finite["model"].items():
         assert torch.equal(value, kept["model"][key]), key
 
 
 def test_a_fresh_run_never_replaces_another(tmp_path):
-    Trainer(tiny_config(tmp_path, epochs=1)).fit()
+    make_trainer(tiny_config(tmp_path, epochs=1)).fit()
     weights = load_checkpoint(tmp_path / "run" / "best.pt")["model"]
     with pytest.raises(FewshotError, match="already holds a run"):
-        Trainer(tiny_config(tmp_path, epochs=1, seed=5)).fit()
+        make_trainer(tiny_config(tmp_path, epochs=1, seed=5)).fit()
     assert torch.equal(
         load_checkpoint(tmp_path / "run" / "best.pt")["model"]["scale"], weights["scale"]
     )
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 1
     with RunFolder(tmp_path / "run", fresh=True, overwrite=True) as folder:
-        Trainer(tiny_config(tmp_path, epochs=1, seed=5)).fit(folder)
+        make_trainer(tiny_config(tmp_path, epochs=1, seed=5)).fit(folder)
     assert (tmp_path / "run" / "metrics.jsonl").read_text().count("\n") == 1
 
 
@@ -222,13 +225,13 @@ def test_a_busy_run_folder_is_refused_with_its_holder(tmp_path):
         RunFolder(tmp_path / "run", fresh=True),
         pytest.raises(FewshotError, match=f"pid {os.getpid()}"),
     ):
-        Trainer(tiny_config(tmp_path, epochs=1)).fit()
+        make_trainer(tiny_config(tmp_path, epochs=1)).fit()
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
 
 
 def test_ehg_leaves_the_episode_stream_unchanged(tmp_path):
-    plain = Trainer(tiny_config(tmp_path / "a"))
-    ehg = Trainer(tiny_config(tmp_path / "b", ehg_splits=4))
+    plain = make_trainer(tiny_config(tmp_path / "a"))
+    ehg = make_trainer(tiny_config(tmp_path / "b", resplits=4))
     loss_plain = [plain.train_step()[0] for _ in range(2)]
     loss_ehg = [ehg.train_step()[0] for _ in range(2)]
     assert torch.equal(plain.sampler.generator.get_state(), ehg.sampler.generator.get_state())
@@ -236,25 +239,25 @@ def test_ehg_leaves_the_episode_stream_unchanged(tmp_path):
 
 
 def test_resume_refuses_a_different_run(tmp_path):
-    Trainer(tiny_config(tmp_path, epochs=1)).fit()
+    make_trainer(tiny_config(tmp_path, epochs=1)).fit()
     with pytest.raises(FewshotError, match="differ in shot"):
-        Trainer(tiny_config(tmp_path, shot=2), resume=str(tmp_path / "run" / "last.pt"))
+        run_train(TrainRun(resume=str(tmp_path / "run" / "last.pt")), tiny_config(tmp_path, shot=2))
 
 
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
         (lambda c: c.pop("optimizer"), "it has no optimizer"),
-        (lambda c: c.update(epoch="x"), "damaged .*epoch and step must be counts"),
-        (lambda c: c.update(step=99), "damaged .*step 99 is past the 3 of an epoch"),
+        (lambda c: c["progress"].update(epoch="x"), "damaged .*epoch and step must be counts"),
+        (lambda c: c["progress"].update(step=99), "damaged .*step 99 is past the 3 of an epoch"),
         (lambda c: c["sampler"].update(generator=torch.zeros(3, dtype=torch.uint8)), "damaged"),
         (lambda c: c["model"].pop("scale"), "damaged .*Missing key"),
     ],
 )
 def test_a_damaged_checkpoint_is_refused_on_resume(tmp_path, damage, message):
-    Trainer(tiny_config(tmp_path, epochs=1)).fit()
+    make_trainer(tiny_config(tmp_path, epochs=1)).fit()
     ckpt = load_checkpoint(tmp_path / "run" / "last.pt")
     damage(ckpt)
     torch.save(ckpt, tmp_path / "damaged.pt")
     with pytest.raises(FewshotError, match=message):
-        Trainer(tiny_config(tmp_path, epochs=2), resume=str(tmp_path / "damaged.pt"))
+        make_trainer(tiny_config(tmp_path, epochs=2), resume=str(tmp_path / "damaged.pt"))

@@ -27,16 +27,17 @@ from pathlib import Path
 import torch
 
 from experiments.ehg_seeds import study as seeds
-from fewshot.allocator import retain_freed_memory
-from fewshot.config import TrainConfig, read_config_file
 from fewshot.datasets import load_split
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeShape
-from fewshot.evaluate import episode_accuracies, load_trained
-from fewshot.io import atomic_write_json, atomic_write_text
-from fewshot.precision import precision_name
-from fewshot.settings import build
-from fewshot.stats import Difference, ci95, paired_ci, paired_seeds_ci, seeds_ci
+from fewshot.evaluation.episodes import episode_accuracies
+from fewshot.evaluation.stats import Difference, ci95, paired_ci, paired_seeds_ci, seeds_ci
+from fewshot.runtime.allocator import retain_freed_memory
+from fewshot.runtime.io import atomic_write_json, atomic_write_text
+from fewshot.runtime.precision import precision_name
+from fewshot.runtime.settings import build
+from fewshot.training.checkpoint import load_trained
+from fewshot.training.settings import TrainSettings, read_config_file
 
 TRAINVAL_CONFIG = "models/omniglot/protonet_conv4_trainval.json"
 TRAINVAL_FLOAT32 = "models/omniglot/protonet_conv4_trainval.pt"
@@ -68,7 +69,7 @@ def trainval_run(args: argparse.Namespace) -> tuple[Path, float]:
     folder = Path(args.runs) / "protonet_conv4_trainval_bf16"
     layers = [(f"config file {TRAINVAL_CONFIG}", read_config_file(TRAINVAL_CONFIG))]
     layers.append(("study", {"amp": "bf16", "out": str(folder), "device": "cpu"}))
-    return folder, seeds.train(build(TrainConfig, layers))["train_seconds"]
+    return folder, seeds.train(build(TrainSettings, layers))["train_seconds"]
 
 
 def test_trainval(

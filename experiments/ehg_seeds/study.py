@@ -26,14 +26,17 @@ from pathlib import Path
 
 import torch
 
-from fewshot.config import TrainConfig
 from fewshot.datasets import load_split
 from fewshot.datasets.sampler import EpisodeShape
-from fewshot.evaluate import episode_accuracies, load_trained
-from fewshot.io import atomic_write_json, atomic_write_text, load_checkpoint
-from fewshot.run_folder import RunFolder
-from fewshot.stats import paired_ci, paired_seeds_ci, seeds_ci
-from fewshot.train import Trainer
+from fewshot.evaluation.episodes import episode_accuracies
+from fewshot.evaluation.metrics import read_metrics
+from fewshot.evaluation.stats import paired_ci, paired_seeds_ci, seeds_ci
+from fewshot.runtime.device import resolve_device
+from fewshot.runtime.io import atomic_write_json, atomic_write_text, load_checkpoint
+from fewshot.runtime.run_folder import RunFolder
+from fewshot.training.checkpoint import load_trained
+from fewshot.training.settings import TrainSettings
+from fewshot.training.trainer import Trainer
 
 NUMBER_LIST = re.compile(r"\[([-+\d.e,\s]+)\]")
 HEAD_NAMES = {"protonet": "ProtoNet", "ridge": "ridge", "svm": "SVM"}
@@ -91,9 +94,9 @@ def run_dir(args: argparse.Namespace, head: str, u: int, seed: int) -> Path:
     return Path(args.runs) / f"{head}_U{u}_s{seed}{suffix}"
 
 
-def train_config(args: argparse.Namespace, head: str, u: int, seed: int) -> TrainConfig:
+def train_config(args: argparse.Namespace, head: str, u: int, seed: int) -> TrainSettings:
     """The settings of experiments/omniglot_ehg (Adam 1e-3 halved at mid-run), one seed."""
-    return TrainConfig(
+    return TrainSettings(
         dataset="omniglot",
         backbone="conv4",
         head=head,
@@ -108,7 +111,7 @@ def train_config(args: argparse.Namespace, head: str, u: int, seed: int) -> Trai
         epochs=args.epochs,
         episodes_per_epoch=args.episodes_per_epoch,
         episodes_per_batch=args.episodes_per_batch,
-        ehg_splits=u,
+        resplits=u,
         amp=args.amp,
         optimizer="adam",
         lr=1e-3,
@@ -120,33 +123,35 @@ def train_config(args: argparse.Namespace, head: str, u: int, seed: int) -> Trai
     )
 
 
-def train(config: TrainConfig) -> dict:
+def train(config: TrainSettings) -> dict:
     """Train one model, or finish or skip it; its timing (also kept in the run folder)."""
     folder = Path(config.out)
     last, timing_file = folder / "last.pt", folder / "study_time.json"
-    done = last.exists() and load_checkpoint(last)["epoch"] == config.epochs
+    ckpt = load_checkpoint(last) if last.exists() else None
+    done = ckpt is not None and ckpt["progress"]["epoch"] == config.epochs
     if not done:
-        resumed = last.exists()
+        resumed = ckpt is not None
+        device = resolve_device(config.device)
         start = time.perf_counter()
         if resumed:
             print(f"resuming {folder}", flush=True)
-            Trainer(config, resume=str(last)).fit()
+            Trainer(config, device, resume=(str(last), ckpt)).fit()
         else:
             # Nothing to resume (new, or killed before its first checkpoint): start afresh.
             with RunFolder(folder, fresh=True, overwrite=True) as run:
-                Trainer(config).fit(run)
+                Trainer(config, device).fit(run)
         wall = time.perf_counter() - start
         atomic_write_json({"wall_seconds": wall, "resumed": resumed}, timing_file)
     timing = json.loads(timing_file.read_text()) if timing_file.exists() else {}
-    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
-    best = max(rows, key=lambda r: r["val_acc"])  # best.pt: the first epoch with the best val
+    rows = read_metrics(folder)
+    best = max(rows, key=lambda r: r.val_acc)  # best.pt: the first epoch with the best val
     return {
         # Training steps only (the trainer's own clock, kept across resumes).
-        "train_seconds": sum(r["seconds"] for r in rows),
+        "train_seconds": sum(r.seconds for r in rows),
         # The whole fit: steps, validation every epoch, checkpoints (None when resumed).
         "wall_seconds": None if timing.get("resumed", True) else timing["wall_seconds"],
-        "best_epoch": best["epoch"],
-        "val_acc": [r["val_acc"] for r in rows],
+        "best_epoch": best.epoch,
+        "val_acc": [r.val_acc for r in rows],
     }
 
 
@@ -156,18 +161,12 @@ def test(args: argparse.Namespace, folder: Path, splits: dict, way: int) -> dict
     if cache.exists():
         return json.loads(cache.read_text())
     cpu = torch.device("cpu")
-    model, config = load_trained(str(folder / "best.pt"), cpu)
+    model, _ = load_trained(str(folder / "best.pt"), cpu)
     shape = EpisodeShape(way, 1, 15, 8)
     start = time.perf_counter()
+    # The model tests with its eval_head_options (the SVM's 3 QP iterations).
     acc = episode_accuracies(
-        model,
-        splits["test"],
-        shape,
-        args.test_episodes,
-        args.test_seed,
-        cpu,
-        cache=True,
-        head_options=config["eval_head_options"],
+        model, splits["test"], shape, args.test_episodes, args.test_seed, cpu, cache=True
     )
     queries = way * 15
     correct = torch.round(acc.double() * queries).long()

@@ -21,12 +21,13 @@ from fewshot.backbones import Conv4
 from fewshot.datasets import load_split
 from fewshot.datasets.augment import normalize
 from fewshot.datasets.sampler import EpisodeSampler, EpisodeShape
-from fewshot.ehg import draw_splits, episode_loss
-from fewshot.io import atomic_write_json, load_checkpoint
-from fewshot.model import FewShotModel, load_model
+from fewshot.methods.embedding import EmbeddingMethod
+from fewshot.methods.resplit import draw_resplits, episode_loss
+from fewshot.runtime.io import atomic_write_json
+from fewshot.training.checkpoint import load_trained
 
 
-def per_split_gradients(model: FewShotModel, images, index_shape, shot, perm) -> torch.Tensor:
+def per_split_gradients(model: EmbeddingMethod, images, index_shape, shot, perm) -> torch.Tensor:
     """Flat meta-gradient of every split: [M, num_params], from one forward of the pool."""
     params = [p for p in model.parameters() if p.requires_grad]
     emb = model.embed(images).view(*index_shape, -1)
@@ -56,18 +57,16 @@ def main() -> None:
 
     torch.manual_seed(args.seed)
     if args.checkpoint:
-        model, _ = load_model(
-            load_checkpoint(args.checkpoint), args.checkpoint, torch.device("cpu")
-        )
+        model, _ = load_trained(args.checkpoint, torch.device("cpu"))
     else:
-        model = FewShotModel(Conv4(1, image_size=28), args.head)
+        model = EmbeddingMethod(Conv4(1, image_size=28), args.head)
     model.train()  # BatchNorm on batch statistics, as in training
     split = load_split("omniglot", "train")
     shape = EpisodeShape(args.way, args.shot, args.query, args.episodes_per_batch)
     index = EpisodeSampler(split.labels, shape, args.seed).sample()
     images = normalize(split.images[index.flatten()], split.mean, split.std)
     gen = torch.Generator().manual_seed(args.seed)
-    perm = draw_splits(*index.shape[:2], args.shot, args.query, args.pool_splits, gen)
+    perm = draw_resplits(*index.shape[:2], args.shot, args.query, args.pool_splits, gen)
     grads = per_split_gradients(model, images, index.shape, args.shot, perm).double()
     mean = grads.mean(0)
     sigma2 = float(((grads - mean) ** 2).sum(1).mean())  # per-split total variance

@@ -2,7 +2,7 @@
 
 Runs ProtoNet, MetaOptNet-RR and MetaOptNet-SVM, each plain and with EHG (U=5), on Conv-4 and
 ResNet-12, 5-way 1-shot and 5-shot, miniImageNet and tieredImageNet: the 24 configs of
-models/{miniimagenet,tieredimagenet}/ twice each (EHG is the `--ehg-splits 5` flag), 48 runs.
+models/{miniimagenet,tieredimagenet}/ twice each (EHG is the `--resplits 5` flag), 48 runs.
 Each run is `fewshot train --config ...` then `fewshot eval` of its best.pt on 2000 seeded
 5-way test episodes. Re-running skips finished steps and resumes an interrupted training.
 Checkpoints go to --runs-dir; the table to this study's folder (table.md) unless --table.
@@ -22,9 +22,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from fewshot.config import read_config_file
-from fewshot.errors import FewshotError
-from fewshot.io import atomic_write_text
+from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.io import atomic_write_text
+from fewshot.training.settings import read_config_file
 
 REPO = Path(__file__).resolve().parents[2]
 STUDY = Path(__file__).resolve().parent
@@ -157,7 +157,7 @@ def commands(run: Run, args: argparse.Namespace) -> list[list[str]]:
     if args.dry_run or epochs_done(run_dir) < epochs:
         train = ["fewshot", "train", "--config", str(run.config), "--out", str(run_dir), *common]
         if run.variant == "ehg":
-            train += ["--ehg-splits", str(EHG_SPLITS)]
+            train += ["--resplits", str(EHG_SPLITS)]
         if args.epochs:
             train += ["--epochs", str(args.epochs)]
         if args.episodes_per_epoch:
@@ -237,7 +237,7 @@ def main() -> None:
             print(shlex.join(command), flush=True)
             if not args.dry_run:
                 # The `fewshot` entry point of this interpreter, so the venv need not be active.
-                invocation = [sys.executable, "-m", "fewshot.cli", *command[1:]]
+                invocation = [sys.executable, "-m", "fewshot", *command[1:]]
                 subprocess.run(invocation, check=True)
     if not args.dry_run:
         out = Path(args.table) if args.table else STUDY / "table.md"

@@ -25,7 +25,7 @@ import statistics
 from pathlib import Path
 
 from experiments.hpo_cells import add_cell_arguments, run_missing, selection, write_table
-from fewshot.hpo.results import result_path
+from fewshot.hpo.tasks.cleaning import result_stem
 
 METHOD_NAMES = {"rhg": "RHG", "trhg": "T-RHG", "oehg": "OEHG"}
 # Paper Table (data hyper-cleaning): (test accuracy, F1) per method and model; None = not given.
@@ -49,7 +49,7 @@ PAPER_DIRTY = {"sr": 81.52, "mlp": 74.21}
 
 
 def _path(out: Path, dataset: str, model: str, method: str, seed: int) -> Path:
-    return result_path(out, "cleaning", dataset, model, method, seed)
+    return out / f"{result_stem(dataset, model, method, seed)}.json"
 
 
 def _load(out: Path, dataset: str, model: str, method: str, seeds: list[int]) -> list[dict]:

@@ -7,9 +7,10 @@ same U splits. Repeating over seeds shows the spread of the estimated paths. Wri
 OUT/ground_truth.json and OUT/ground_truth.png (OUT defaults to MODEL_DATASET in this study's
 folder) and prints final lambdas.
 
-    OMP_NUM_THREADS=1 python -m experiments.hpo_ground_truth.paths --dataset triazines --splits 1,16
+    OMP_NUM_THREADS=1 python -m experiments.hpo_ground_truth.paths --dataset triazines \
+        --resplits 1 16
     OMP_NUM_THREADS=1 python -m experiments.hpo_ground_truth.paths --model svm --dataset heart \
-        --splits 1,16
+        --resplits 1 16
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from fewshot.hpo.tasks.ground_truth import (
     svm_hypergradient,
 )
 from fewshot.hpo.tasks.regularization import default_inner_lr, make_problem
-from fewshot.io import atomic_write_json
+from fewshot.runtime.io import atomic_write_json
 
 ESTIMATOR_NAMES = {"lasso": "AID-FP", "svm": "RHG"}
 
@@ -63,7 +64,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="lasso", choices=("lasso", "svm"))
     parser.add_argument("--dataset", default="triazines")
-    parser.add_argument("--splits", default="1,16")
+    parser.add_argument("--resplits", type=int, nargs="+", default=[1, 16], help="the U values")
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--outer-steps", type=int, default=40)
     parser.add_argument("--outer-lr", type=float, default=0.05)
@@ -79,7 +80,7 @@ def main() -> None:
     data = load_dataset(args.dataset, seed=0)
     x, y = data.x_observed, data.y_observed
     results = []
-    for count in (int(c) for c in args.splits.split(",")):
+    for count in args.resplits:
         for seed in range(args.seeds):
             splits = make_splits(len(y), args.gamma, count, seed)
             exact = ground_truth_path(

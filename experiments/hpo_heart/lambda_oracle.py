@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--dataset", default="heart")
     parser.add_argument("--model", default="logistic", choices=("logistic", "svm"))
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--splits", type=int, default=5, help="U")
+    parser.add_argument("--resplits", type=int, default=5, help="U")
     parser.add_argument("--gamma", type=float, default=0.2)
     parser.add_argument("--steps", type=int, default=2000, help="gradient steps (OEHG's T)")
     parser.add_argument("--data-root", default=None)
@@ -43,9 +43,9 @@ def main() -> None:
 
     log_grid = torch.tensor(np.log(GRID), dtype=torch.float64)
     print(f"{args.dataset} {args.model}, {len(GRID)} lambdas in [{GRID[0]:.0e}, {GRID[-1]:.1f}],")
-    print(f"T={args.steps} steps, U={args.splits}: test accuracy % of the deployed model")
-    print(f"seed | test oracle: lambda, acc | val U={args.splits}: lambda, acc | val U=1: ...")
-    chosen = {"test oracle": [], f"validation, U={args.splits}": [], "validation, U=1": []}
+    print(f"T={args.steps} steps, U={args.resplits}: test accuracy % of the deployed model")
+    print(f"seed | test oracle: lambda, acc | val U={args.resplits}: lambda, acc | val U=1: ...")
+    chosen = {"test oracle": [], f"validation, U={args.resplits}": [], "validation, U=1": []}
     for seed in range(args.seeds):
         data = load_dataset(args.dataset, seed, args.data_root)
         x = torch.as_tensor(data.x_observed, dtype=torch.float64)
@@ -60,7 +60,7 @@ def main() -> None:
             "b": torch.zeros((), dtype=torch.float64),
         }
         val_loss = []  # per split: validation loss at every grid lambda
-        for i, split in enumerate(make_splits(len(y), args.gamma, args.splits, seed)):
+        for i, split in enumerate(make_splits(len(y), args.gamma, args.resplits, seed)):
             train = (x[split.train], y[split.train])
             val = (x[split.val], y[split.val])
             per_lam = [problem.descend(theta0, lam, train, args.steps) for lam in log_grid]

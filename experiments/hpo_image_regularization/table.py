@@ -21,7 +21,7 @@ import statistics
 from pathlib import Path
 
 from experiments.hpo_cells import add_cell_arguments, run_missing, selection, write_table
-from fewshot.hpo.results import result_path
+from fewshot.hpo.tasks.image_regularization import result_stem
 
 METHOD_NAMES = {"rhg": "RHG", "trhg": "T-RHG", "oehg": "OEHG"}
 # Paper Table 7-5: (test accuracy %, test loss) for RHG, T-RHG, OEHG.
@@ -36,7 +36,7 @@ PAPER = {
 
 
 def _path(out: Path, dataset: str, model: str, method: str, seed: int) -> Path:
-    return result_path(out, "image-regularization", dataset, model, method, seed)
+    return out / f"{result_stem(dataset, model, method, seed)}.json"
 
 
 def _cell(values: list[float], paper: float, digits: int) -> str:

@@ -28,9 +28,8 @@ from pathlib import Path
 import numpy as np
 
 from fewshot.datasets.libsvm import load_dataset
-from fewshot.hpo.results import result_path
-from fewshot.hpo.tasks.regularization import Settings, run
-from fewshot.io import atomic_write_json, atomic_write_text
+from fewshot.hpo.tasks.regularization import Settings, result_stem, run
+from fewshot.runtime.io import atomic_write_json, atomic_write_text
 
 REGRESSION_SETS = ("abalone", "bodyfat", "mg", "pyrim", "space_ga", "triazines")
 CLASSIFICATION_SETS = (
@@ -154,7 +153,7 @@ def _fmt(value: float | None, accuracy: bool = False) -> str:
 def run_cell(model: str, dataset: str, method: str, seed: int, args: argparse.Namespace) -> dict:
     """One run, loaded from OUT/runs/ if it already finished."""
     runs = Path(args.out) / "runs"
-    path = result_path(runs, "regularization", dataset, model, method, seed, args.high_dim)
+    path = runs / f"{result_stem(dataset, model, method, seed, args.high_dim)}.json"
     if path.is_file():
         return json.loads(path.read_text())
     steps = args.oehg_steps if method == "oehg" else args.offline_steps
@@ -166,7 +165,7 @@ def run_cell(model: str, dataset: str, method: str, seed: int, args: argparse.Na
         inner_steps=int(k) if k else args.inner_steps,
         per_parameter=args.high_dim,
     )
-    result = asdict(run(load_dataset(dataset, seed, args.data_root), settings))
+    result = asdict(run(settings, load_dataset(dataset, seed, args.data_root)))
     atomic_write_json(result, path)
     return result
 

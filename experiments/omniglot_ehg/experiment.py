@@ -15,13 +15,14 @@ from pathlib import Path
 
 import torch
 
-from fewshot.config import TrainConfig
 from fewshot.datasets import load_split
 from fewshot.datasets.sampler import EpisodeShape
-from fewshot.evaluate import evaluate
-from fewshot.io import atomic_write_json, load_checkpoint
-from fewshot.model import load_model
-from fewshot.train import Trainer
+from fewshot.evaluation.episodes import evaluate
+from fewshot.runtime.device import resolve_device
+from fewshot.runtime.io import atomic_write_json
+from fewshot.training.checkpoint import load_trained
+from fewshot.training.settings import TrainSettings
+from fewshot.training.trainer import Trainer
 
 
 def main() -> None:
@@ -44,7 +45,7 @@ def main() -> None:
     rows = []
     for head in args.heads.split(","):
         for u in map(int, args.splits.split(",")):
-            config = TrainConfig(
+            config = TrainSettings(
                 dataset="omniglot",
                 backbone="conv4",
                 head=head,
@@ -58,7 +59,7 @@ def main() -> None:
                 epochs=args.epochs,
                 episodes_per_epoch=args.episodes_per_epoch,
                 episodes_per_batch=2,
-                ehg_splits=u,
+                resplits=u,
                 amp="off",  # float32, as the recorded results
                 optimizer="adam",
                 lr=1e-3,
@@ -68,9 +69,9 @@ def main() -> None:
                 device="cpu",
                 out=f"{args.runs}/{head}_U{u}",
             )
-            run_dir = Trainer(config).fit()
+            run_dir = Trainer(config, resolve_device(config.device)).fit()
             best = run_dir / "best.pt"
-            model, _ = load_model(load_checkpoint(best), best, cpu)
+            model, _ = load_trained(best, cpu)
             row = {"head": head, "U": u, "checkpoint": str(best)}
             for way in (5, 20):
                 shape = EpisodeShape(way, 1, 15, 8)

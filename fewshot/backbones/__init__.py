@@ -6,7 +6,7 @@ from torch import nn
 
 from fewshot.backbones.conv4 import Conv4
 from fewshot.backbones.resnet12 import ResNet12
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 BACKBONES = {"conv4": Conv4, "resnet12": ResNet12}
 

@@ -5,9 +5,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from fewshot.backbones.arguments import require_int
 
-def conv_block(in_channels: int, out_channels: int) -> nn.Sequential:
-    """conv3x3 -> BatchNorm -> ReLU -> maxpool 2 (computed as maxpool then ReLU)."""
+
+def conv_block(in_channels: int, out_channels: int, stride: bool = False) -> nn.Sequential:
+    """conv3x3 -> BatchNorm -> ReLU -> maxpool 2 (computed as maxpool then ReLU), or with
+    `stride` a stride-2 conv3x3 -> BatchNorm -> ReLU (the MAML paper's Omniglot network)."""
+    if stride:
+        return nn.Sequential(
+            nn.Conv2d(in_channels, out_channels, 3, stride=2, padding=1),
+            nn.BatchNorm2d(out_channels),
+            nn.ReLU(),
+        )
     # ReLU commutes with max-pooling, so pooling first gives identical outputs with the ReLU
     # (and its backward) on a quarter of the activations.
     return nn.Sequential(
@@ -21,20 +30,35 @@ def conv_block(in_channels: int, out_channels: int) -> nn.Sequential:
 class Conv4(nn.Module):
     """4 x [conv3x3(channels) -> BN -> ReLU -> maxpool2]; returns flat features [B, out_dim].
 
-    1600-d at 84x84, 64-d at 28x28 with the default 64 channels.
+    1600-d at 84x84, 64-d at 28x28 with the default 64 channels. `downsample="stride"` is the
+    MAML paper's Omniglot network: stride-2 convolutions instead of max-pooling, then the mean
+    over the last feature map (`channels`-d).
     """
 
-    def __init__(self, in_channels: int = 3, channels: int = 64, image_size: int = 84):
+    def __init__(
+        self,
+        in_channels: int = 3,
+        channels: int = 64,
+        image_size: int = 84,
+        downsample: str = "pool",
+    ):
         super().__init__()
-        self.channels = channels
+        require_int("Conv4", "in_channels", in_channels, 1)
+        require_int("Conv4", "channels", channels, 1)
+        require_int("Conv4", "image_size", image_size, 1)
+        if downsample not in ("pool", "stride"):
+            raise ValueError(f"Conv4 downsample must be 'pool' or 'stride', got {downsample!r}")
+        self.channels, self.stride = channels, downsample == "stride"
         self.encoder = nn.Sequential(
-            conv_block(in_channels, channels),
-            *(conv_block(channels, channels) for _ in range(3)),
+            conv_block(in_channels, channels, self.stride),
+            *(conv_block(channels, channels, self.stride) for _ in range(3)),
         )
         self.out_dim = self.feature_dim(image_size)
 
     def feature_dim(self, image_size: int) -> int:
         """Length of the flat feature vector for square inputs of `image_size` pixels."""
+        if self.stride:
+            return self.channels
         side = image_size
         for _ in range(4):
             side //= 2
@@ -44,4 +68,5 @@ class Conv4(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Embed images [B, C, H, W] into [B, out_dim]."""
-        return self.encoder(x).flatten(1)
+        features = self.encoder(x)
+        return features.mean((2, 3)) if self.stride else features.flatten(1)

@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fewshot.backbones.arguments import require_int, require_rate
+
 
 class DropBlock(nn.Module):
     """DropBlock (Ghiasi et al. 2018): zeroes square blocks of a feature map during training."""
@@ -78,6 +80,15 @@ class ResNet12(nn.Module):
         drop_ramp_steps: int = 40_000,
     ):
         super().__init__()
+        require_int("ResNet12", "in_channels", in_channels, 1)
+        require_int("ResNet12", "image_size", image_size, 1)
+        if not isinstance(channels, list | tuple) or len(channels) != 4:
+            raise ValueError(f"ResNet12 channels must be 4 integers, got {channels!r}")
+        for width in channels:
+            require_int("ResNet12", "channels", width, 1)
+        require_rate("ResNet12", "drop_rate", drop_rate)
+        require_int("ResNet12", "drop_block_size", drop_block_size, 1)
+        require_int("ResNet12", "drop_ramp_steps", drop_ramp_steps, 0)
         self.channels, self.avg_pool = tuple(channels), avg_pool
         self.drop_rate, self.drop_ramp_steps = drop_rate, drop_ramp_steps
         widths = (in_channels, *channels)

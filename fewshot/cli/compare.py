@@ -13,31 +13,57 @@ from pathlib import Path
 
 import torch
 
+from fewshot.cli.eval import EpisodeSettings
 from fewshot.datasets import load_split
-from fewshot.device import resolve_device
-from fewshot.evaluate import EpisodeSettings, EvalResult, load_trained
-from fewshot.io import atomic_write_json, check_writable
-from fewshot.settings import Command, SettingError, setting
-from fewshot.stats import Difference, paired_ci, paired_seeds_ci, seeds_ci
-
-
-def checkpoint_of(path: str) -> str:
-    """A checkpoint path, or a run folder's best.pt."""
-    return str(Path(path) / "best.pt") if Path(path).is_dir() else path
+from fewshot.evaluation.episodes import EvalResult
+from fewshot.evaluation.stats import Difference, paired_ci, paired_seeds_ci, seeds_ci
+from fewshot.runtime.device import resolve_device
+from fewshot.runtime.io import atomic_write_json, prepare_output, same_json
+from fewshot.runtime.settings import Command, SettingError, setting
+from fewshot.training.checkpoint import check_fits, checkpoint_file, load_trained
 
 
 def per_episode(settings: EpisodeSettings, paths: list[str]) -> tuple[str, list[torch.Tensor]]:
     """Every model's per-episode accuracies on the same seeded episodes, and the dataset."""
     device = resolve_device(settings.device)
-    models = [load_trained(checkpoint_of(path), device) for path in paths]
+    files = [checkpoint_file(path) for path in paths]
+    models = [load_trained(path, device) for path in files]
     trained_on = {config["dataset"] for _, config in models}
     if settings.dataset is None and len(trained_on) > 1:
         raise SettingError(
             "dataset", f"must be given: the models were trained on {', '.join(sorted(trained_on))}"
         )
     dataset = settings.dataset or trained_on.pop()
+    for method, _ in models:
+        method.check_way(settings.way)
     split = load_split(dataset, settings.split, settings.data_root)
-    return dataset, [settings.accuracies(model, split, config) for model, config in models]
+    for path, (_, config) in zip(files, models, strict=True):
+        check_fits(config, split, path)
+    return dataset, [settings.accuracies(method, split, device) for method, _ in models]
+
+
+def prepare_record(settings: CompareSettings | CompareSeedsSettings) -> Path | None:
+    """Check --out before the work: a file of other models or episodes is kept unless
+    --overwrite (the same comparison may be written again)."""
+    if not settings.out:
+        return None
+    same = same_json(
+        {"split": settings.split, "way": settings.way, "shot": settings.shot}
+        | {"query": settings.query, "episodes": settings.episodes, "seed": settings.seed}
+        | {"models": [settings.a, settings.b]}
+    )
+    return prepare_output(settings.out, settings.overwrite, same)
+
+
+def episodes_record(
+    settings: CompareSettings | CompareSeedsSettings, dataset: str, difference: Difference
+) -> dict:
+    """The JSON record's common part: the episodes, the models compared and the difference."""
+    record = {"dataset": dataset, "split": settings.split, "difference": asdict(difference)}
+    record.update(way=settings.way, shot=settings.shot, query=settings.query)
+    record.update(episodes=settings.episodes, seed=settings.seed)
+    record.update(models=[settings.a, settings.b])
+    return record
 
 
 def difference_line(label: str, d: Difference, unit: str) -> str:
@@ -53,25 +79,25 @@ class CompareSettings(EpisodeSettings):
     a: str = setting(help="checkpoint (or run folder) A", positional=True)
     b: str = setting(help="checkpoint (or run folder) B", positional=True)
     out: str | None = setting(None, help="JSON file for both models' per-episode accuracies")
+    overwrite: bool = setting(False, help="replace another comparison at the --out path")
 
 
 def run_compare(settings: CompareSettings) -> Difference:
     """Print A and B's accuracies ± CI and B - A ± its paired CI; optionally write JSON."""
-    if settings.out:
-        check_writable(settings.out)
+    out = prepare_record(settings)
     dataset, (acc_a, acc_b) = per_episode(settings, [settings.a, settings.b])
     results = [EvalResult.of(acc, settings.shape, settings.seed) for acc in (acc_a, acc_b)]
     for name, path, result in zip("AB", (settings.a, settings.b), results, strict=True):
         print(f"{name} {path}: {result.accuracy:.2f} ± {result.ci95:.2f} %")
     difference = paired_ci(acc_a, acc_b)
     print(difference_line("B - A", difference, f"paired 95% CI over {difference.n} episodes"))
-    if settings.out:
-        record = {"dataset": dataset, "split": settings.split, "difference": asdict(difference)}
+    if out:
+        record = episodes_record(settings, dataset, difference)
         for name, path, result, acc in zip(
             "ab", (settings.a, settings.b), results, (acc_a, acc_b), strict=True
         ):
             record[name] = {**asdict(result), "checkpoint": path, "accuracies": acc.tolist()}
-        atomic_write_json(record, settings.out)
+        atomic_write_json(record, out)
     return difference
 
 
@@ -82,6 +108,7 @@ class CompareSeedsSettings(EpisodeSettings):
     a: list[str] = setting(help="arm A: one checkpoint (or run folder) per seed")
     b: list[str] = setting(help="arm B: as many, seed i paired with A's seed i")
     out: str | None = setting(None, help="JSON file for every model's per-episode accuracies")
+    overwrite: bool = setting(False, help="replace another comparison at the --out path")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -91,8 +118,7 @@ class CompareSeedsSettings(EpisodeSettings):
 
 def run_compare_seeds(settings: CompareSeedsSettings) -> Difference:
     """Each arm's mean accuracy over seeds ± t interval, and the mean paired difference."""
-    if settings.out:
-        check_writable(settings.out)
+    out = prepare_record(settings)
     dataset, accuracies = per_episode(settings, [*settings.a, *settings.b])
     means = [float(acc.double().mean()) for acc in accuracies]
     arm_a, arm_b = means[: len(settings.a)], means[len(settings.a) :]
@@ -107,11 +133,9 @@ def run_compare_seeds(settings: CompareSeedsSettings) -> Difference:
             {"checkpoint": path, "accuracy": 100 * mean, "accuracies": acc.tolist()}
             for path, mean, acc in zip([*settings.a, *settings.b], means, accuracies, strict=True)
         ]
-        record = {"dataset": dataset, "split": settings.split, "difference": asdict(difference)}
-        record.update(way=settings.way, shot=settings.shot, query=settings.query)
-        record.update(episodes=settings.episodes, seed=settings.seed)
+        record = episodes_record(settings, dataset, difference)
         record.update(a=models[:seeds], b=models[seeds:])
-        atomic_write_json(record, settings.out)
+        atomic_write_json(record, out)
     return difference
 
 

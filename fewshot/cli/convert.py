@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from fewshot.datasets import dataset_names, load_split, resolve_data_root
 from fewshot.datasets.memmap import describe, memmap_folder, write_memmap
-from fewshot.settings import Command, check_fields, setting
+from fewshot.runtime.settings import Command, check_fields, setting
 
 
 @dataclass(frozen=True)

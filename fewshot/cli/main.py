@@ -4,18 +4,20 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 
-from fewshot.allocator import retain_freed_memory
-from fewshot.compare import COMMANDS as COMPARE_COMMANDS
-from fewshot.convert import COMMANDS as CONVERT_COMMANDS
-from fewshot.errors import FewshotError
-from fewshot.evaluate import COMMANDS as EVAL_COMMANDS
+from fewshot import __version__
+from fewshot.cli.compare import COMMANDS as COMPARE_COMMANDS
+from fewshot.cli.convert import COMMANDS as CONVERT_COMMANDS
+from fewshot.cli.eval import COMMANDS as EVAL_COMMANDS
+from fewshot.cli.import_metaoptnet import COMMANDS as IMPORT_COMMANDS
+from fewshot.cli.train import COMMANDS as TRAIN_COMMANDS
+from fewshot.evaluation.plot import COMMANDS as PLOT_COMMANDS
 from fewshot.hpo.cli import COMMANDS as HPO_COMMANDS
-from fewshot.interrupt import Interrupted, exit_status, signals_raise
-from fewshot.metaoptnet_import import COMMANDS as IMPORT_COMMANDS
-from fewshot.plot import COMMANDS as PLOT_COMMANDS
-from fewshot.settings import Command, OneLineParser, add_flags
-from fewshot.train_command import COMMANDS as TRAIN_COMMANDS
+from fewshot.runtime.allocator import retain_freed_memory
+from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.settings import Command, OneLineParser, add_flags
+from fewshot.runtime.signals import Interrupted, exit_status, signals_raise
 
 COMMANDS: list[Command] = [
     *TRAIN_COMMANDS,
@@ -33,20 +35,25 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="fewshot", description="Few-shot meta-learning with ensemble hypergradients (EHG)."
     )
-    groups: dict[tuple[str, ...], argparse._SubParsersAction] = {
-        (): parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    parser.add_argument("--version", action="version", version=f"fewshot {__version__}")
+    # Command path prefix -> the add_parser of its sub-command group.
+    adders: dict[tuple[str, ...], Callable[..., argparse.ArgumentParser]] = {
+        (): parser.add_subparsers(
+            dest="command", required=True, parser_class=OneLineParser
+        ).add_parser
     }
     for command in COMMANDS:
         for depth in range(1, len(command.path)):
             prefix = command.path[:depth]
-            if prefix not in groups:
-                group = groups[prefix[:-1]].add_parser(prefix[-1], help=f"{prefix[-1]} commands")
-                groups[prefix] = group.add_subparsers(
+            if prefix not in adders:
+                group = adders[prefix[:-1]](prefix[-1], help=f"{prefix[-1]} commands")
+                adders[prefix] = group.add_subparsers(
                     dest="_".join(prefix), required=True, parser_class=OneLineParser
-                )
-        sub = groups[command.path[:-1]].add_parser(
+                ).add_parser
+        sub = adders[command.path[:-1]](
             command.path[-1],
-            help=command.help,
+            # argparse %-formats a help string (compare's says "95% CI"), not a description.
+            help=command.help.replace("%", "%%"),
             description=command.help,
         )
         for cls in command.settings:

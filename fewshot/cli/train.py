@@ -7,13 +7,19 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from fewshot.config import TrainConfig, checkpoint_settings, read_config_file
-from fewshot.device import resolve_device
-from fewshot.distributed import init_distributed
-from fewshot.io import load_checkpoint
-from fewshot.run_folder import RunFolder
-from fewshot.settings import Command, SettingError, check_fields, setting
-from fewshot.train import Trainer
+from fewshot.runtime.device import resolve_device
+from fewshot.runtime.distributed import close_distributed, init_distributed
+from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.io import load_checkpoint
+from fewshot.runtime.run_folder import RunFolder
+from fewshot.runtime.settings import Command, SettingError, check_fields, setting
+from fewshot.training.settings import (
+    CHANGEABLE_ON_RESUME,
+    TrainSettings,
+    checkpoint_settings,
+    read_config_file,
+)
+from fewshot.training.trainer import Trainer
 
 
 @dataclass(frozen=True)
@@ -38,32 +44,67 @@ class TrainRun:
         """The contents of --resume (read once)."""
         return load_checkpoint(self.resume) if self.resume else None
 
+    @cached_property
+    def resumed_settings(self) -> dict | None:
+        """The settings of the run --resume continues (checked once)."""
+        return checkpoint_settings(self.checkpoint, self.resume) if self.resume else None
+
     def sources(self) -> list[tuple[str, dict]]:
         """Layers under the flags: the resumed run's settings, the config file, and the
         resumed run's folder as --out."""
         layers = []
         if self.resume:
-            layers.append(
-                (f"checkpoint {self.resume}", checkpoint_settings(self.checkpoint, self.resume))
-            )
+            layers.append((f"checkpoint {self.resume}", self.resumed_settings))
         if self.config:
             layers.append((f"config file {self.config}", read_config_file(self.config)))
         if self.resume:
             layers.append(("--resume", {"out": str(Path(self.resume).parent)}))
         return layers
 
+    def check_resumable(self, settings: TrainSettings) -> None:
+        """Refuse a resumed run whose settings changed beyond how long, where and on what."""
+        if not self.resume:
+            return
+        saved, mine = self.resumed_settings, settings.to_dict()
+        diff = sorted(k for k in mine if k not in CHANGEABLE_ON_RESUME and saved[k] != mine[k])
+        if diff:
+            changes = ", ".join(f"{k} ({saved[k]!r} -> {mine[k]!r})" for k in diff)
+            raise FewshotError(
+                f"--resume {self.resume}: the run's settings differ in {changes}; only "
+                f"{', '.join(CHANGEABLE_ON_RESUME)} may change when a run is resumed"
+            )
 
-def run_train(run: TrainRun, config: TrainConfig) -> Path:
+
+def run_train(run: TrainRun, settings: TrainSettings) -> Path:
     """`fewshot train`: lock the run folder, read the data, train."""
-    dist = init_distributed(resolve_device(config.device))
+    run.check_resumable(settings)
+    device = resolve_device(settings.device)
+    dist = init_distributed(device)
+    if dist.world > 1 and settings.episodes_per_batch % dist.world:
+        raise FewshotError(
+            f"--episodes-per-batch {settings.episodes_per_batch} must be divisible by the "
+            f"{dist.world} processes"
+        )
+    try:
+        return _train(run, settings, device, dist)
+    finally:
+        close_distributed(dist)
+
+
+def _train(run: TrainRun, settings: TrainSettings, device, dist) -> Path:
+    """Train in the locked run folder (rank 0 holds the lock)."""
+    device = dist.device(device)
     with contextlib.ExitStack() as stack:
         folder = None
         if dist.is_main:  # refuse a busy or occupied folder before reading any data
-            fresh = run.resume is None
-            folder = stack.enter_context(RunFolder(config.out, fresh, run.overwrite))
-        trainer = Trainer(config, resume=run.resume, checkpoint=run.checkpoint)
-        if trainer.epoch >= config.epochs:
-            print(f"the run already finished its {config.epochs} epochs (raise --epochs to go on)")
+            # A run continued into another folder must not replace a run held there.
+            own = run.resume and Path(settings.out).resolve() == Path(run.resume).parent.resolve()
+            folder = stack.enter_context(RunFolder(settings.out, not own, run.overwrite))
+        resume = (run.resume, run.checkpoint) if run.resume else None
+        trainer = Trainer(settings, device, dist, resume=resume)
+        if trainer.progress.epoch >= settings.epochs:
+            epochs = settings.epochs
+            print(f"the run already finished its {epochs} epochs (raise --epochs to go on)")
             return trainer.run_dir
         run_dir = trainer.fit(folder)
     if dist.is_main:
@@ -75,7 +116,7 @@ COMMANDS = [
     Command(
         ("train",),
         "episodic meta-training (resumable; see --resume)",
-        (TrainRun, TrainConfig),
+        (TrainRun, TrainSettings),
         run_train,
     )
 ]

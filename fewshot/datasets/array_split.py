@@ -11,7 +11,7 @@ import torch
 
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.safe_pickle import safe_load
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 SPLITS = ("train", "val", "test")
 

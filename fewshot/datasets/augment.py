@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 # torchvision's rgb_to_grayscale weights (ITU-R 601-2 luma).
 GRAY_WEIGHTS = (0.2989, 0.587, 0.114)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 
 @dataclass

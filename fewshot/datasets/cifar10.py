@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 import torch
 
 from fewshot.datasets.base import ImageSplit
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 SPLITS = ("train", "test")
 CIFAR10_CLASSES = [

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fewshot.datasets import REPO_DATA, register
+from fewshot.datasets import REPO_DATA
 from fewshot.datasets.array_split import (
     Layout,
     check_split,
@@ -24,7 +24,7 @@ from fewshot.datasets.array_split import (
 )
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.safe_pickle import safe_load
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 IMAGE_SIZE = 32
 # MetaOptNet's data/CIFAR_FS.py and data/FC100.py, in [0, 1] units.
@@ -126,13 +126,11 @@ def read_variant(variant: Variant, data_root: Path, split: str) -> ImageSplit:
     return read_first_layout(variant.name, data_root, variant.name, split, layouts)
 
 
-@register("cifar-fs")
 def read_cifar_fs(data_root: Path, split: str) -> ImageSplit:
     """Read a CIFAR-FS split (64/16/20 classes)."""
     return read_variant(CIFAR_FS, data_root, split)
 
 
-@register("fc100")
 def read_fc100(data_root: Path, split: str) -> ImageSplit:
     """Read an FC100 split (60/20/20 classes from 12/4/4 superclasses)."""
     return read_variant(FC100, data_root, split)

@@ -10,6 +10,7 @@ truncated or corrupt file is a FewshotError naming it.
 from __future__ import annotations
 
 import gzip
+import math
 import struct
 import zlib
 from pathlib import Path
@@ -18,7 +19,7 @@ import numpy as np
 import torch
 
 from fewshot.datasets.base import ImageSplit
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 SPLITS = ("train", "test")
 MNIST_CLASSES = [str(d) for d in range(10)]
@@ -52,11 +53,13 @@ def read_idx(path: Path) -> np.ndarray:
         raise FewshotError(f"corrupt IDX file {path}: header truncated")
     shape = struct.unpack(f">{ndim}I", raw[4:header])
     dtype = np.dtype(IDX_DTYPES[raw[2]])
-    expected = int(np.prod(shape)) * dtype.itemsize
-    if len(raw) - header != expected:
+    # math.prod: exact, where numpy's product of a hostile header (2^21 x 2^21 x 2^22) wraps.
+    expected = math.prod(shape) * dtype.itemsize
+    found = len(raw) - header
+    if found != expected:
         raise FewshotError(
-            f"corrupt IDX file {path}: shape {shape} needs {expected} data bytes, "
-            f"found {len(raw) - header}"
+            f"corrupt IDX file {path}: file too {'short' if found < expected else 'long'}: "
+            f"header shape {shape} needs {expected} data bytes, the file has {found}"
         )
     return (
         np.frombuffer(raw, dtype=dtype, offset=header)

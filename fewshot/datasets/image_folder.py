@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 # An encoded image: a file path, raw bytes, a uint8 array of the bytes (cv2.imencode's output),
 # or a str holding the bytes (a Python 2 byte string read with latin1 decoding).

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fewshot.datasets import REPO_DATA, register
+from fewshot.datasets import REPO_DATA
 from fewshot.datasets.array_split import (
     Layout,
     check_split,
@@ -17,7 +17,7 @@ from fewshot.datasets.array_split import (
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.image_folder import read_image_folder
 from fewshot.datasets.safe_pickle import safe_load
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 FOLDER = "miniimagenet"
 IMAGE_SIZE = 84
@@ -107,7 +107,6 @@ def layouts(split: str) -> list[Layout]:
     return found
 
 
-@register("miniimagenet")
 def read_miniimagenet(data_root: Path, split: str) -> ImageSplit:
     """Read a miniImageNet split from data_root/miniimagenet (or data_root itself)."""
     check_split("miniimagenet", split)

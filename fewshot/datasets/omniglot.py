@@ -11,9 +11,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fewshot.datasets import register
 from fewshot.datasets.base import ImageSplit
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 SPLITS = ("train", "val", "trainval", "test")
 NPZ_FILES = ("images_background.npz", "images_evaluation.npz")
@@ -66,7 +65,6 @@ def _resize(drawings: np.ndarray) -> torch.Tensor:
     return torch.cat(out)
 
 
-@register("omniglot")
 def read_omniglot(data_root: Path, split: str) -> ImageSplit:
     """Read a Vinyals split of Omniglot from data_root/omniglot."""
     if split not in SPLITS:

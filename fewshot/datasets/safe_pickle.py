@@ -12,7 +12,7 @@ import pickle
 from pathlib import Path
 from typing import Any
 
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 # numpy moved its internals from numpy.core to numpy._core in 2.0; pickles name either.
 _NUMPY_CORE = ("numpy.core", "numpy._core")

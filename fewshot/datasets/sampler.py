@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 
 @dataclass(frozen=True)
@@ -35,11 +35,8 @@ class EpisodeSampler:
         labels = labels.long().cpu()
         counts = torch.bincount(labels)
         num_classes = len(counts)
-        for name, value in (("way", shape.way), ("shot", shape.shot), ("query", shape.query)):
-            if value < (0 if name == "query" else 1):
-                raise FewshotError(f"--{name} must be positive, got {value}")
-        if shape.episodes_per_batch < 1:
-            raise FewshotError(f"--episodes-per-batch must be >= 1, got {shape.episodes_per_batch}")
+        if min(shape.way, shape.shot, shape.episodes_per_batch) < 1 or shape.query < 0:
+            raise ValueError(f"an episode shape needs way, shot and batch >= 1: {shape}")
         where = f" in {source}" if source else ""
         if shape.way > num_classes:
             raise FewshotError(

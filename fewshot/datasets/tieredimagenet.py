@@ -13,13 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
-from fewshot.datasets import register
 from fewshot.datasets.array_split import Layout, check_split, hwc_to_split, read_first_layout
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.image_folder import decode_images
 from fewshot.datasets.miniimagenet import IMAGE_SIZE, MEAN, STD
 from fewshot.datasets.safe_pickle import safe_load
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 FOLDER = "tieredimagenet"
 # MetaOptNet's files say 'labels'; Ren et al.'s originals say 'label_specific' (the 608 classes,
@@ -91,7 +90,6 @@ def read_with_labels(folder: Path, split: str, images_file: str, read_images) ->
     )
 
 
-@register("tieredimagenet")
 def read_tieredimagenet(data_root: Path, split: str) -> ImageSplit:
     """Read a tieredImageNet split from data_root/tieredimagenet (or data_root itself)."""
     check_split("tieredimagenet", split)

@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 import torch
 
-from fewshot.errors import FewshotError
 from fewshot.heads.protonet import protonet
 from fewshot.heads.ridge import ridge
 from fewshot.heads.svm import svm
+from fewshot.runtime.errors import FewshotError
 
 Head = Callable[..., torch.Tensor]
 

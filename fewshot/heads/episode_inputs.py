@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 
 def support_one_hot(

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from fewshot.errors import FewshotError
 from fewshot.heads.episode_inputs import check_query, support_one_hot
+from fewshot.runtime.errors import FewshotError
 
 
 def ridge(

@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from fewshot.errors import FewshotError
 from fewshot.hpo.batches import generators
 from fewshot.hpo.hypergrad import Bilevel, Hypergradient, rhg
 from fewshot.hpo.trees import Tree, tree_detach, tree_flatten, tree_mean
+from fewshot.runtime.errors import FewshotError
 
 Estimator = Callable[..., Hypergradient]  # (problem, theta0, lam, train, val, gen=...)
 SplitData = Sequence[tuple[Any, Any]]  # [(train_data, val_data), ...], one pair per split
@@ -73,7 +73,7 @@ class OuterStep:
             raise FewshotError(
                 f"the hypergradient of outer step {t + 1} is not finite: the inner problem "
                 "diverged or its linear system is singular (AID-CG on a loss without curvature); "
-                "try a smaller --inner-lr or --outer-lr, or another --method"
+                "try a smaller inner or outer learning rate, or another method"
             )
         for leaf, g in zip(self._leaves, grads, strict=True):
             leaf.grad = g.detach().to(leaf.dtype)

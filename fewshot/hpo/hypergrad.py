@@ -41,12 +41,20 @@ from fewshot.hpo.trees import (
     tree_detach,
     tree_dot,
     tree_flatten,
+    tree_leaves,
     tree_map,
     tree_zeros_like,
 )
 
 Loss = Callable[[Tree, Tree, Any], torch.Tensor]
 Generator = torch.Generator | None
+# theta0, or a function of lam giving it: MAML's initialisation is the outer variable itself.
+Initial = Tree | Callable[[Tree], Tree]
+
+
+def start(theta0: Initial, lam: Tree) -> Tree:
+    """The inner starting point at `lam`."""
+    return theta0(lam) if callable(theta0) else theta0
 
 
 def _with_grad(tree: Tree) -> Tree:
@@ -92,12 +100,21 @@ class Bilevel:
     outer_loss: Loss
     inner_lr: float | Callable[[Tree], float | torch.Tensor]
 
-    def step(self, theta: Tree, lam: Tree, batch: Any, create_graph: bool = False) -> Tree:
-        """One inner step theta - lr grad_theta R^tr on `batch`; differentiable if asked."""
+    def step(
+        self,
+        theta: Tree,
+        lam: Tree,
+        batch: Any,
+        create_graph: bool = False,
+        first_order: bool = False,
+    ) -> Tree:
+        """One inner step theta - lr grad_theta R^tr on `batch`; differentiable if asked
+        (`first_order`: through theta and the step size, the gradient taken as a constant)."""
         with torch.enable_grad():
             if not create_graph:
                 theta, lam = _with_grad(theta), tree_detach(lam)
-            g = _grad(self.inner_loss(theta, lam, batch), theta, create_graph=create_graph)
+            loss = self.inner_loss(theta, lam, batch)
+            g = _grad(loss, theta, create_graph=create_graph and not first_order)
             new = tree_add(theta, g, -self.lr(lam))
         return new if create_graph else tree_detach(new)
 
@@ -105,9 +122,11 @@ class Bilevel:
         """The inner step size at `lam`."""
         return self.inner_lr(lam) if callable(self.inner_lr) else self.inner_lr
 
-    def descend(self, theta: Tree, lam: Tree, data: Any, steps: int, gen: Generator = None) -> Tree:
+    def descend(
+        self, theta: Initial, lam: Tree, data: Any, steps: int, gen: Generator = None
+    ) -> Tree:
         """theta after `steps` inner gradient-descent steps (detached), a batch drawn each."""
-        theta = tree_detach(theta)
+        theta = tree_detach(start(theta, tree_detach(lam)))
         for _ in range(steps):
             theta = self.step(theta, lam, draw(data, gen))
         return theta
@@ -124,23 +143,29 @@ class Hypergradient:
 
 def trhg(
     problem: Bilevel,
-    theta0: Tree,
+    theta0: Initial,
     lam: Tree,
     train: Any,
     val: Any,
     steps: int,
     truncate: int,
     gen: Generator = None,
+    first_order: bool = False,
 ) -> Hypergradient:
-    """Truncated reverse hypergradient: back-propagate through the last `truncate` of `steps`."""
+    """Truncated reverse hypergradient: back-propagate through the last `truncate` of `steps`.
+
+    A `theta0` that is a function of lam is differentiated too when the window covers every
+    step (MAML); `first_order` drops the second-order terms of the steps (first-order MAML).
+    """
     if steps < 0 or not 0 <= truncate <= steps:
         raise ValueError(f"need 0 <= truncate ({truncate}) <= steps ({steps})")
     theta = problem.descend(theta0, lam, train, steps - truncate, gen)
     with torch.enable_grad():
         lam = _with_grad(lam)
-        theta = _with_grad(theta)
+        differentiable = callable(theta0) and truncate == steps
+        theta = start(theta0, lam) if differentiable else _with_grad(theta)
         for _ in range(truncate):
-            theta = problem.step(theta, lam, draw(train, gen), create_graph=True)
+            theta = problem.step(theta, lam, draw(train, gen), True, first_order)
         value = problem.outer_loss(theta, lam, draw(val, gen))
         hyper = _grad(value, lam)
     return Hypergradient(tree_detach(hyper), tree_detach(theta), float(value.detach()))
@@ -148,20 +173,21 @@ def trhg(
 
 def rhg(
     problem: Bilevel,
-    theta0: Tree,
+    theta0: Initial,
     lam: Tree,
     train: Any,
     val: Any,
     steps: int,
     gen: Generator = None,
+    first_order: bool = False,
 ) -> Hypergradient:
     """Reverse hypergradient through all `steps` inner steps."""
-    return trhg(problem, theta0, lam, train, val, steps, truncate=steps, gen=gen)
+    return trhg(problem, theta0, lam, train, val, steps, steps, gen, first_order)
 
 
 def _implicit(
     problem: Bilevel,
-    theta0: Tree,
+    theta0: Initial,
     lam: Tree,
     train: Any,
     val: Any,
@@ -193,7 +219,7 @@ def _implicit(
 
 def aid_fp(
     problem: Bilevel,
-    theta0: Tree,
+    theta0: Initial,
     lam: Tree,
     train: Any,
     val: Any,
@@ -216,29 +242,50 @@ def aid_fp(
 
 def aid_cg(
     problem: Bilevel,
-    theta0: Tree,
+    theta0: Initial,
     lam: Tree,
     train: Any,
     val: Any,
     steps: int,
     solver_steps: int,
     gen: Generator = None,
+    per_problem: bool = False,
 ) -> Hypergradient:
-    """Implicit differentiation; H v = b solved by `solver_steps` conjugate-gradient iterations."""
+    """Implicit differentiation; H v = b solved by `solver_steps` conjugate-gradient iterations.
+
+    `per_problem`: theta's leaves carry a leading axis of independent problems (their Hessian is
+    block diagonal), each solved by its own conjugate gradient, as if one at a time.
+    """
+
+    def dot(a: Tree, b: Tree) -> torch.Tensor:
+        """<a, b>, per problem when asked ([P]), else a scalar."""
+        if not per_problem:
+            return tree_dot(a, b)
+        return sum(
+            (x * y).flatten(1).sum(1) for x, y in zip(tree_leaves(a), tree_leaves(b), strict=True)
+        )
+
+    def step(a: Tree, b: Tree, scale: torch.Tensor) -> Tree:
+        """a + scale * b, `scale` per problem when asked."""
+        if scale.dim() == 0:
+            return tree_add(a, b, scale)
+        return tree_map(lambda x, y: x + scale.view(-1, *[1] * (y.dim() - 1)) * y, a, b)
 
     def conjugate_gradient(hvp: Callable[[Tree], Tree], b: Tree) -> Tree:
         v = tree_zeros_like(b)
         residual, direction = b, b
-        rr = tree_dot(residual, residual)
+        rr = dot(residual, residual)
+        tiny = torch.finfo(rr.dtype).tiny
         for _ in range(solver_steps):
-            if rr <= torch.finfo(rr.dtype).tiny:  # solved exactly; another step would divide by 0
+            if (rr <= tiny).all():  # solved exactly; another step would divide by 0
                 break
             h_dir = hvp(direction)
-            alpha = rr / tree_dot(direction, h_dir)
-            v = tree_add(v, direction, alpha)
-            residual = tree_add(residual, h_dir, -alpha)
-            rr_next = tree_dot(residual, residual)
-            direction = tree_add(residual, direction, rr_next / rr)
+            live = rr > tiny  # a problem solved exactly stays where it is
+            alpha = torch.where(live, rr / torch.where(live, dot(direction, h_dir), 1.0), 0.0)
+            v = step(v, direction, alpha)
+            residual = step(residual, h_dir, -alpha)
+            rr_next = dot(residual, residual)
+            direction = step(residual, direction, torch.where(live, rr_next / rr, 0.0))
             rr = rr_next
         return v
 

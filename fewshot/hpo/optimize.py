@@ -1,9 +1,8 @@
 """The one entry point every HPO task calls: `optimize(method, problem, ..., splits, budget)`.
 
 `METHODS` are the five ways to learn lam: the offline estimators RHG, T-RHG, AID-FP and AID-CG
-(Algorithms 1-3, EHG when given several splits) and the online OEHG (Algorithm 4). The method's
-defaults (U = 5 splits for OEHG, 1 otherwise) and the checks of the step counts a method uses are
-defined here once, for every task's settings.
+(Algorithms 1-3, EHG when given several splits) and the online OEHG (Algorithm 4). The tasks'
+settings (`fewshot.hpo.tasks.base.HpoSettings`) check the step counts each method uses.
 """
 
 from __future__ import annotations
@@ -23,19 +22,10 @@ from fewshot.hpo.ensemble import (
     optimize_offline,
 )
 from fewshot.hpo.hypergrad import Bilevel, aid_cg, aid_fp, rhg, trhg
-from fewshot.hpo.splits import MAX_SPLITS, SPLITS_LIMIT_REASON
 from fewshot.hpo.trees import Tree
-from fewshot.settings import SettingError
 
 METHODS = ("rhg", "trhg", "aid-fp", "aid-cg", "oehg")
-OEHG_SPLITS = 5  # the paper's U for OEHG
-
-
-def split_count(method: str, splits: int | None) -> int:
-    """U: `splits` if given, else 5 for OEHG and 1 (the plain estimator) for the others."""
-    if splits is not None:
-        return splits
-    return OEHG_SPLITS if method == "oehg" else 1
+OEHG_RESPLITS = 5  # the paper's U for OEHG (the other methods default to the one split)
 
 
 @dataclass(frozen=True)
@@ -52,29 +42,6 @@ class Budget:
     truncate: int = 32
     solver_steps: int = 20
     oehg_inner_steps: int = 1
-
-
-def check_method_settings(
-    method: str,
-    splits: int | None,
-    inner_steps: int,
-    truncate: int,
-    offline_ensembles: bool = True,
-) -> None:
-    """SettingError for step counts that cannot run, looking only at what `method` uses.
-
-    `offline_ensembles=False`: the task gives RHG / T-RHG / AID the original split only.
-    """
-    if splits is not None and splits > MAX_SPLITS:
-        raise SettingError(
-            "splits", f"must be <= {MAX_SPLITS}, got {splits}: {SPLITS_LIMIT_REASON}"
-        )
-    if not offline_ensembles and method != "oehg" and splits not in (None, 1):
-        raise SettingError(
-            "splits", f"applies to oehg only ({method} uses the original split), got {splits}"
-        )
-    if method == "trhg" and truncate > inner_steps:
-        raise SettingError("truncate", f"must be <= inner_steps ({inner_steps}), got {truncate}")
 
 
 def estimator(method: str, budget: Budget) -> Estimator:

@@ -1,4 +1,9 @@
-"""A few-shot classifier: backbone + head function + learnable logit scale."""
+"""Embedding methods (ProtoNet, ridge, SVM): a backbone embeds every image once, a head function
+classifies each episode's queries from its support embeddings, times a learnable scale.
+
+Their fast paths live here: EHG re-splits index the embeddings of one forward pass, and test
+episodes index the embeddings of every image computed once (exact with BatchNorm in eval mode).
+"""
 
 from __future__ import annotations
 
@@ -6,31 +11,42 @@ import torch
 from torch import nn
 
 from fewshot.backbones import build_backbone
-from fewshot.errors import FewshotError, summary
-from fewshot.heads import get_head
-from fewshot.precision import AMP_CHOICES, autocast_dtype
+from fewshot.datasets.base import ImageSplit
+from fewshot.datasets.batches import images_to_device
+from fewshot.heads import HEADS
+from fewshot.methods.base import EpisodeSolver, Method
+from fewshot.methods.resplit import episode_loss
+from fewshot.runtime.precision import autocast_dtype
+from fewshot.runtime.signals import Stop, check_stop
 
 
-class FewShotModel(nn.Module):
+class EmbeddingMethod(Method):
     """Embeds images with `backbone` and classifies episodes with a head function."""
 
     def __init__(
-        self, backbone: nn.Module, head: str, head_options: dict | None = None, amp: str = "auto"
+        self,
+        backbone: nn.Module,
+        head: str,
+        head_options: dict | None = None,
+        eval_head_options: dict | None = None,
+        amp: str = "auto",
+        label_smoothing: float = 0.0,
     ):
         super().__init__()
-        if amp not in AMP_CHOICES:
-            raise FewshotError(f"--amp must be one of {', '.join(AMP_CHOICES)}, not {amp!r}")
         self.amp = amp  # resolved on the device of each call ('auto': bf16 where native)
         self.backbone = backbone
         self.head_name = head
-        self.head_fn = get_head(head)
+        self.head_fn = HEADS[head]
         self.head_options = dict(head_options or {})
+        # Options that apply in eval mode only (e.g. fewer SVM iterations in testing).
+        self.eval_head_options = dict(eval_head_options or {})
+        self.label_smoothing = label_smoothing
         self.scale = nn.Parameter(torch.tensor(1.0))
 
     def head(self, query, support, support_labels, way: int, shot: int, **overrides):
-        """The unscaled head logits, with the model's head options (overridable per call)."""
-        options = {**self.head_options, **overrides}
-        return self.head_fn(query, support, support_labels, way, shot, **options)
+        """The unscaled head logits with the model's head options (eval-mode ones in eval)."""
+        options = {**self.head_options, **({} if self.training else self.eval_head_options)}
+        return self.head_fn(query, support, support_labels, way, shot, **options, **overrides)
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """Flat float32 features [N, d] of normalised images [N, C, H, W] (autocast if amp)."""
@@ -41,44 +57,61 @@ class FewShotModel(nn.Module):
             features = self.backbone(images)
         return features.float()
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """Same as `embed`; the entry point DistributedDataParallel wraps."""
-        return self.embed(images)
+    def forward(
+        self, images: torch.Tensor, resplits: torch.Tensor | None, shot: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embed the pool once, then the U*B head problems of the re-splits in one head call."""
+        b, way, pool = images.shape[:3]
+        embeddings = self.embed(images.flatten(0, 2)).view(b, way, pool, -1)
+        return episode_loss(embeddings, self.head, self.scale, shot, resplits, self.label_smoothing)
+
+    @torch.no_grad()
+    def accuracy(self, images: torch.Tensor, shot: int) -> torch.Tensor:
+        """Query accuracy of each test episode, embedding its images."""
+        b, way, pool = images.shape[:3]
+        embeddings = self.embed(images.flatten(0, 2)).view(b, way, pool, -1)
+        return episode_loss(embeddings, self.head, self.scale, shot)[1]
+
+    @torch.no_grad()
+    def embed_split(
+        self, split: ImageSplit, device: torch.device, batch: int = 512, stop: Stop | None = None
+    ) -> torch.Tensor:
+        """Embeddings [N, d] of every image of the split (computed once, batched)."""
+        chunks = []
+        for start in range(0, len(split.labels), batch):
+            check_stop(stop)
+            index = torch.arange(start, min(start + batch, len(split.labels)))
+            chunks.append(self.embed(images_to_device(split, index, device)))
+        return torch.cat(chunks)
+
+    def solver(
+        self, split: ImageSplit, shot: int, device: torch.device, cache: bool, stop: Stop | None
+    ) -> EpisodeSolver:
+        """With `cache`, episodes index the embeddings of every image, computed once."""
+        if not cache:
+            return super().solver(split, shot, device, cache, stop)
+        features = self.embed_split(split, device, stop=stop)
+
+        @torch.no_grad()
+        def solve(index: torch.Tensor) -> torch.Tensor:
+            return episode_loss(features[index.to(device)], self.head, self.scale, shot)[1]
+
+        return solve
 
 
-def non_finite(state: dict[str, torch.Tensor]) -> list[str]:
-    """The names of the floating-point tensors of a state dict that hold a NaN or an infinity."""
-    return [k for k, v in state.items() if v.is_floating_point() and not v.isfinite().all()]
-
-
-def build_model(config: dict) -> FewShotModel:
-    """Build the model a config describes (keys backbone, backbone_options, head, head_options,
-    in_channels, image_size)."""
+def build_embedding_method(settings: dict) -> EmbeddingMethod:
+    """The embedding method of a run's settings (backbone, head and their options, amp)."""
     backbone = build_backbone(
-        config["backbone"],
-        config["in_channels"],
-        config["image_size"],
-        **config.get("backbone_options", {}),
+        settings["backbone"],
+        settings["in_channels"],
+        settings["image_size"],
+        **settings["backbone_options"],
     )
-    return FewShotModel(
-        backbone, config["head"], config.get("head_options", {}), config.get("amp", "auto")
+    return EmbeddingMethod(
+        backbone,
+        settings["head"],
+        settings["head_options"],
+        settings["eval_head_options"],
+        settings["amp"],
+        settings["label_smoothing"],
     )
-
-
-def load_model(ckpt: dict, path, device: torch.device) -> tuple[FewShotModel, dict]:
-    """Rebuild a trained model from a checkpoint written by `fewshot train`."""
-    config = ckpt.get("config")
-    if not isinstance(config, dict) or "model" not in ckpt:
-        raise FewshotError(f"{path} is not a fewshot training checkpoint (no config/model)")
-    model = build_model(config)
-    bad = non_finite(ckpt["model"])
-    if bad:
-        raise FewshotError(f"{path} holds non-finite weights ({', '.join(bad[:3])}); not using it")
-    try:
-        model.load_state_dict(ckpt["model"])
-    except RuntimeError as e:
-        raise FewshotError(
-            f"{path} does not fit a {config['backbone']} backbone with the {config['head']} head: "
-            f"{summary(e)}"
-        ) from None
-    return model.to(device).eval(), config

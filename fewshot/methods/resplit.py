@@ -1,8 +1,8 @@
 """EHG for episodic training: re-split each episode's pooled images U times, embed once.
 
-An episode's embeddings are laid out [B, way, pool, d] with pool = shot + query. A split
+An episode's embeddings are laid out [B, way, pool, d] with pool = shot + query. A re-split
 is, for every class, a permutation of the pool whose first `shot` entries are support.
-The EHG loss is the mean query loss over U distinct splits; since the mean of gradients
+The EHG loss is the mean query loss over U distinct re-splits; since the mean of gradients
 is the gradient of the mean, one backward gives the averaged meta-gradient.
 """
 
@@ -15,44 +15,31 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from fewshot.errors import FewshotError
-
 # head(query[B, nq, d], support[B, ns, d], support_labels[B, ns], way, shot) -> logits[B, nq, way]
 Head = Callable[..., torch.Tensor]
 
 
-def distinct_splits(way: int, shot: int, query: int) -> int:
-    """Number of distinct support/query splits of one episode: C(shot+query, shot)^way."""
+def distinct_resplits(way: int, shot: int, query: int) -> int:
+    """Number of distinct support/query re-splits of one episode: C(shot+query, shot)^way."""
     return math.comb(shot + query, shot) ** way
 
 
-def check_splits(num_splits: int, way: int, shot: int, query: int) -> None:
-    """Refuse U < 1 or U above the number of distinct splits an episode allows."""
-    if num_splits < 1:
-        raise FewshotError(f"--ehg-splits must be >= 1, got {num_splits}")
-    limit = distinct_splits(way, shot, query)
-    if num_splits > limit:
-        raise FewshotError(
-            f"--ehg-splits {num_splits} exceeds the {limit} distinct splits of a {way}-way "
-            f"{shot}-shot {query}-query episode (C({shot + query},{shot})^{way})"
-        )
-
-
-def draw_splits(
-    batch: int, way: int, shot: int, query: int, num_splits: int, generator: torch.Generator
+def draw_resplits(
+    batch: int, way: int, shot: int, query: int, u: int, generator: torch.Generator
 ) -> torch.Tensor:
-    """U distinct splits per episode as pool permutations [U, B, way, pool]; split 0 = original.
+    """U distinct re-splits per episode as pool permutations [U, B, way, pool]; 0 = original.
 
-    Sampling without replacement among splits, in bounded time for every allowed U: when U
-    is at most a quarter of the distinct splits, uniform draws are redrawn until distinct (each
-    redraw collides with probability < 1/4); otherwise U - 1 distinct split numbers are drawn
+    Sampling without replacement among re-splits, in bounded time for every allowed U: when U
+    is at most a quarter of the distinct re-splits, uniform draws are redrawn until distinct (each
+    redraw collides with probability < 1/4); otherwise U - 1 distinct re-split numbers are drawn
     at once and decoded.
     """
-    check_splits(num_splits, way, shot, query)
-    if 4 * num_splits > distinct_splits(way, shot, query):
-        return _enumerated_splits(batch, way, shot, query, num_splits, generator)
+    if not 1 <= u <= distinct_resplits(way, shot, query):
+        raise ValueError(f"U = {u} is not between 1 and the episode's distinct re-splits")
+    if 4 * u > distinct_resplits(way, shot, query):
+        return _enumerated_resplits(batch, way, shot, query, u, generator)
     pool = shot + query
-    perm = torch.rand(num_splits, batch, way, pool, generator=generator).argsort(dim=-1)
+    perm = torch.rand(u, batch, way, pool, generator=generator).argsort(dim=-1)
     perm[0] = torch.arange(pool)
     while True:
         dup = _repeats(perm, shot)
@@ -63,7 +50,7 @@ def draw_splits(
 
 
 def _repeats(perm: torch.Tensor, shot: int) -> torch.Tensor:
-    """[U, B] mask: the split has the same support sets as an earlier split of its episode."""
+    """[U, B] mask: the re-split has the same support sets as an earlier one of its episode."""
     u, b, way, pool = perm.shape
     support = torch.zeros(u, b, way, pool, dtype=torch.bool)
     support.scatter_(3, perm[..., :shot], True)
@@ -71,19 +58,19 @@ def _repeats(perm: torch.Tensor, shot: int) -> torch.Tensor:
     dup = torch.zeros(u, b, dtype=torch.bool)
     for episode in range(b):
         seen: set[bytes] = set()
-        for split in range(u):
-            key = rows[split, episode].tobytes()
-            dup[split, episode] = key in seen
+        for r in range(u):
+            key = rows[r, episode].tobytes()
+            dup[r, episode] = key in seen
             seen.add(key)
     return dup
 
 
-def _enumerated_splits(
-    batch: int, way: int, shot: int, query: int, num_splits: int, generator: torch.Generator
+def _enumerated_resplits(
+    batch: int, way: int, shot: int, query: int, u: int, generator: torch.Generator
 ) -> torch.Tensor:
-    """Splits numbered 0 .. M-1 (0 = original), U - 1 distinct non-zero numbers per episode.
+    """Re-splits numbered 0 .. M-1 (0 = original), U - 1 distinct non-zero numbers per episode.
 
-    Split number r, read in base C(pool, shot), gives each class's support set as its digit:
+    Re-split number r, read in base C(pool, shot), gives each class's support set as its digit:
     the digit-th `shot`-subset of the pool in lexicographic order (subset 0 = the first `shot`).
     """
     pool = shot + query
@@ -92,9 +79,9 @@ def _enumerated_splits(
     in_support.scatter_(1, subsets, True)
     # The permutation of each subset: its members first, then the rest, each in pool order.
     orders = torch.argsort((~in_support).long(), dim=1, stable=True)  # [C, pool]
-    total = distinct_splits(way, shot, query)
+    total = distinct_resplits(way, shot, query)
     numbers = torch.stack(
-        [torch.randperm(total - 1, generator=generator)[: num_splits - 1] + 1 for _ in range(batch)]
+        [torch.randperm(total - 1, generator=generator)[: u - 1] + 1 for _ in range(batch)]
     )  # [B, U-1]
     numbers = torch.cat([torch.zeros(batch, 1, dtype=torch.long), numbers], dim=1).T  # [U, B]
     powers = len(subsets) ** torch.arange(way)
@@ -102,10 +89,10 @@ def _enumerated_splits(
     return orders[digits]
 
 
-def split_episodes(
+def resplit_episodes(
     embeddings: torch.Tensor, perm: torch.Tensor | None, shot: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Form U*B head problems from embeddings [B, way, pool, d] and splits [U, B, way, pool].
+    """Form U*B head problems from embeddings [B, way, pool, d] and re-splits [U, B, way, pool].
 
     perm=None means the original split alone (U=1, no copy). Returns query [U*B, way*Q, d],
     support [U*B, way*shot, d] and their labels.
@@ -133,13 +120,13 @@ def episode_loss(
     perm: torch.Tensor | None = None,
     label_smoothing: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean query loss over the splits `perm` (None: the original split only), and the
+    """Mean query loss over the re-splits `perm` (None: the original split only), and the
     query accuracy of each of the U*B problems.
 
     embeddings: [B, way, pool, d] with the first `shot` of each class as the original support.
     """
     way = embeddings.shape[1]
-    query, support, support_labels, query_labels = split_episodes(embeddings, perm, shot)
+    query, support, support_labels, query_labels = resplit_episodes(embeddings, perm, shot)
     logits = scale * head(query, support, support_labels, way, shot)
     loss = F.cross_entropy(
         logits.flatten(0, 1), query_labels.flatten(), label_smoothing=label_smoothing
@@ -158,15 +145,15 @@ def reembedding_gradients(
     perm: torch.Tensor,
     label_smoothing: float = 0.0,
 ) -> list[torch.Tensor]:
-    """Reference (and naive) EHG: each split's meta-gradient on its own forward, then averaged.
+    """Reference (and naive) EHG: each re-split's meta-gradient on its own forward, then averaged.
 
     images: [B, way, pool, C, H, W]. Costs U backbone passes; used to test `episode_loss`
     and as the baseline in the EHG benchmark.
     """
     u, b, way, pool = perm.shape
     total = [torch.zeros_like(p) for p in parameters]
-    for split in perm.to(images.device):
-        index = split.view(b, way, pool, 1, 1, 1).expand_as(images)
+    for order in perm.to(images.device):
+        index = order.view(b, way, pool, 1, 1, 1).expand_as(images)
         reordered = torch.gather(images, 2, index)
         emb = embed(reordered.flatten(0, 2)).view(b, way, pool, -1)
         loss, _ = episode_loss(emb, head, scale, shot, None, label_smoothing)

@@ -32,7 +32,8 @@ def retain_freed_memory() -> bool:
     """Serve every allocation from the heap and never shrink it; False when the C library is
     not glibc. A training step frees and re-allocates the same activations: with
     glibc's defaults the large ones are unmapped on free and their pages faulted in and zeroed
-    again next step (30-40 % of a CPU step here); retained, the process keeps its peak size."""
+    again next step (the cost is measured in the README); retained, the process keeps its peak
+    size."""
     mallopt = _mallopt()
     if mallopt is None:
         return False

@@ -1,14 +1,13 @@
-"""Device choice and moving episode images to it."""
+"""Device choice: one place that turns --device into a torch.device."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
-from fewshot.datasets.augment import normalize
-from fewshot.datasets.base import ImageSplit
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.settings import setting
+
+DEVICES = ("auto", "cpu", "cuda")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -22,22 +21,6 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def images_to_device(
-    split: ImageSplit,
-    index: torch.Tensor,
-    device: torch.device,
-    transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    channels_last: bool = False,
-) -> torch.Tensor:
-    """Gather uint8 images split.images[index]; return them normalised (or transformed) on device.
-
-    The gather and the copy stay uint8 (4x less traffic than float); pinned memory makes the
-    host-to-GPU copy asynchronous.
-    """
-    batch = split.images[index.cpu()]
-    if device.type == "cuda":
-        batch = batch.pin_memory().to(device, non_blocking=True)
-    images = transform(batch) if transform else normalize(batch, split.mean, split.std)
-    if channels_last:
-        images = images.contiguous(memory_format=torch.channels_last)
-    return images
+def device_setting() -> str:
+    """The --device setting of every command that computes."""
+    return setting("auto", help="auto = cuda when available, else cpu", choices=DEVICES)

@@ -22,6 +22,15 @@ class Distributed:
         """Rank 0 alone logs and writes checkpoints."""
         return self.rank == 0
 
+    def device(self, device: torch.device) -> torch.device:
+        """This process's device: under torchrun, each rank its own GPU (the current device,
+        which NCCL collectives use)."""
+        if self.world == 1 or device.type != "cuda":
+            return device
+        local = torch.device("cuda", self.local_rank)
+        torch.cuda.set_device(local)
+        return local
+
 
 def init_distributed(device: torch.device) -> Distributed:
     """Join the torchrun job described by RANK/WORLD_SIZE/LOCAL_RANK (a no-op without them).
@@ -35,6 +44,12 @@ def init_distributed(device: torch.device) -> Distributed:
     if not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return info
+
+
+def close_distributed(info: Distributed) -> None:
+    """Leave the torchrun job: tear the process group down, so no rank aborts at exit."""
+    if info.world > 1 and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def gather_objects(obj: object, info: Distributed) -> list | None:

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from fewshot.errors import FewshotError, summary
+from fewshot.runtime.errors import FewshotError, summary
 
 
 def _umask() -> int:
@@ -21,12 +23,23 @@ def _umask() -> int:
     return mask
 
 
+def _destination(path: Path) -> Path:
+    """The file a write to `path` replaces: a symlink's target (the link itself is kept); a
+    folder, device node or other non-regular file is refused."""
+    target = path.resolve() if path.is_symlink() else path
+    if target.exists() and not target.is_file():
+        what = "a folder" if target.is_dir() else "not a regular file (a device node?)"
+        raise FewshotError(f"cannot write {path}: it is {what}; name a file")
+    return target
+
+
 def _atomic_replace(path: Path, write) -> None:
     """Write through `write(file)` into a temp file beside `path`, then rename it into place.
 
     A failed write (disk full, permissions) or an interruption leaves the previous file and
     no temporary behind; failures are one FewshotError naming the path and the cause.
     """
+    path = _destination(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -60,20 +73,32 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     _atomic_replace(Path(path), lambda f: torch.save(obj, f))
 
 
+def atomic_write_bytes(data: bytes, path: str | os.PathLike) -> None:
+    """Write a file atomically."""
+    _atomic_replace(Path(path), lambda f: f.write(data))
+
+
+def atomic_save_figure(figure: Any, path: str | os.PathLike, dpi: int) -> None:
+    """Save a matplotlib figure atomically (rendered in memory first), in the format of the
+    path's suffix."""
+    image = io.BytesIO()
+    figure.savefig(image, dpi=dpi, format=Path(path).suffix.lower()[1:])
+    atomic_write_bytes(image.getvalue(), path)
+
+
 def atomic_write_text(text: str, path: str | os.PathLike) -> None:
     """Write a text file atomically."""
-    _atomic_replace(Path(path), lambda f: f.write(text.encode()))
+    atomic_write_bytes(text.encode(), path)
 
 
 def atomic_write_json(obj: Any, path: str | os.PathLike) -> None:
     """Write `obj` as indented JSON atomically."""
-    data = (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()
-    _atomic_replace(Path(path), lambda f: f.write(data))
+    atomic_write_bytes((json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), path)
 
 
 def check_writable(path: str | os.PathLike) -> None:
     """Fail now if `path` could not be written later (its folder made if needed)."""
-    path = Path(path)
+    path = _destination(Path(path))
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -81,6 +106,32 @@ def check_writable(path: str | os.PathLike) -> None:
         os.unlink(probe)
     except OSError as e:
         raise FewshotError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def prepare_output(
+    path: str | os.PathLike, overwrite: bool, same: Callable[[Path], bool] | None = None
+) -> Path:
+    """Check a command's output before its work: writable, a file (a symlink is followed), and
+    an existing file kept unless `overwrite` or `same(file)` says it holds this very result."""
+    path = Path(path)
+    target = _destination(path)
+    if target.exists() and not overwrite and not (same is not None and same(target)):
+        raise FewshotError(f"{path} already holds another result; pass --overwrite to replace it")
+    check_writable(target)
+    return target
+
+
+def same_json(record: dict) -> Callable[[Path], bool]:
+    """For `prepare_output`: whether a file is a JSON object holding `record`'s values."""
+
+    def holds(path: Path) -> bool:
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+            return False
+        return isinstance(old, dict) and all(old.get(k) == v for k, v in record.items())
+
+    return holds
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:

@@ -6,7 +6,7 @@ import functools
 
 import torch
 
-from fewshot.settings import setting
+from fewshot.runtime.settings import setting
 
 # Heads, QPs and losses always run in float32; --amp sets only the backbone's autocast dtype.
 AMP_DTYPES = {"off": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -15,8 +15,8 @@ AMP_CHOICES = ("auto", *AMP_DTYPES)
 
 def cpu_has_native_bf16() -> bool:
     """Whether this CPU computes bfloat16 in hardware (AVX-512 BF16 or AMX), as oneDNN needs."""
-    # torch has no public query for this. Without these instructions oneDNN emulates bf16,
-    # which is slower than float32, so 'auto' must not pick it there.
+    # Private API: the public torch.backends.cpu.get_cpu_capability() tops out at "AVX512" and
+    # says nothing of BF16 or AMX; if torch drops these, getattr's False keeps 'auto' at float32.
     cpu = torch.cpu
     checks = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
     return any(getattr(cpu, name, lambda: False)() for name in checks)
@@ -25,9 +25,8 @@ def cpu_has_native_bf16() -> bool:
 @functools.cache
 def resolve_amp(amp: str, device_type: str) -> str:
     """The precision `amp` means on a device type: 'auto' is bf16 on CPUs with native bf16
-    (0.3-0.6x the float32 step at float32's accuracy: benchmarks/bench_precision.py,
-    experiments/bf16_omniglot) and float32 ('off') elsewhere, CUDA included until a GPU
-    measurement decides it."""
+    (faster at float32's accuracy: benchmarks/bench_precision.py, experiments/bf16_omniglot)
+    and float32 ('off') elsewhere, CUDA included until a GPU measurement decides it."""
     if amp not in AMP_CHOICES:
         raise ValueError(f"amp must be one of {', '.join(AMP_CHOICES)}, not {amp!r}")
     if amp != "auto":

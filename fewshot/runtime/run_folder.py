@@ -8,7 +8,7 @@ import socket
 import time
 from pathlib import Path
 
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 # The files of a run; a folder holding any of them holds a run.
 RUN_FILES = ("config.json", "metrics.jsonl", "last.pt", "best.pt")

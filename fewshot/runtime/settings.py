@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 T = TypeVar("T")
 SEED_MAX = 2**63 - 1  # torch generators take 64-bit seeds; the trainer adds small offsets
@@ -67,8 +67,11 @@ def describe(hint: Any) -> str:
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         args = [a for a in typing.get_args(hint) if a is not type(None)]
         return " or ".join(describe(a) for a in args) + " (or null)"
-    if typing.get_origin(hint) is list and typing.get_args(hint):
-        return f"a list of {describe(typing.get_args(hint)[0]).split(' ', 1)[1]}s"
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (list, tuple) and args:
+        # JSON has no tuples: a fixed-length tuple is written as a list of that length.
+        count = "" if len(args) == 1 or args[-1] is Ellipsis else f"{len(args)} "
+        return f"a list of {count}{describe(args[0]).split(' ', 1)[1]}s"
     return names.get(typing.get_origin(hint) or hint, str(hint))
 
 
@@ -101,6 +104,13 @@ def check_type(key: str, hint: Any, value: Any) -> Any:
         ok = isinstance(value, list)
         if ok:
             value = [check_type(key, typing.get_args(full)[0], item) for item in value]
+    elif hint is tuple and typing.get_args(full):
+        args = typing.get_args(full)
+        ok = isinstance(value, list | tuple)
+        items = args[:1] * len(value) if ok and args[-1] is Ellipsis else args
+        ok = ok and len(value) == len(items)
+        if ok:
+            value = tuple(check_type(key, a, item) for a, item in zip(items, value, strict=True))
     else:
         ok = isinstance(value, hint)
     if not ok:
@@ -146,6 +156,7 @@ RESERVED_OPTIONS = {
     "shot",
     "in_channels",
     "image_size",
+    "settings",
 }
 
 
@@ -191,6 +202,8 @@ def read_json_object(path: str | Path, what: str = "config file") -> dict:
         values = json.loads(text)
     except json.JSONDecodeError as e:
         raise FewshotError(f"{what} {path} is not valid JSON: {e}") from None
+    except RecursionError:  # the parser recurses once per level: a hostile file exhausts it
+        raise FewshotError(f"{what} {path} is nested too deeply") from None
     if not isinstance(values, dict):
         raise FewshotError(f"{what} {path} must hold a JSON object, not a {type(values).__name__}")
     return values

@@ -1,10 +1,11 @@
 """Interruption by signals: honoured between steps in training, at once everywhere else.
 
 Schedulers stop jobs with SIGTERM (SLURM can be told to send SIGUSR1 early); a person presses
-Ctrl-C (SIGINT). While training, `StopRequests` turns the first of these into a request that
-the trainer honours at the next step boundary, so a saved state is always one the run passed
-through; a second signal stops at once. Elsewhere `signals_raise` makes each of them an
-`Interrupted` exception, which the command line reports on one line.
+Ctrl-C (SIGINT) or closes the terminal (SIGHUP). While training, `StopRequests` turns the first
+of these into a request that the trainer honours at the next step boundary, so a saved state
+is always one the run passed through; a second signal stops at once. Elsewhere
+`signals_raise` makes each of them an `Interrupted` exception, which the command line reports
+on one line.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
-SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
+Stop = Callable[[], int | None]  # the number of a signal that asks to stop, or None
 
 
 class Interrupted(Exception):
@@ -31,13 +33,20 @@ def exit_status(error: BaseException) -> int:
     return 128 + getattr(error, "signum", signal.SIGINT)
 
 
+def check_stop(stop: Stop | None) -> None:
+    """Raise Interrupted when `stop` reports a signal."""
+    signum = stop() if stop is not None else None
+    if signum:
+        raise Interrupted(signum)
+
+
 def _raise(signum: int, frame: FrameType | None) -> None:
     raise Interrupted(signum)
 
 
 @contextlib.contextmanager
 def signals_raise() -> Iterator[None]:
-    """Within the block, SIGINT, SIGTERM and SIGUSR1 raise `Interrupted` (main thread only)."""
+    """Within the block, every signal of SIGNALS raises `Interrupted` (main thread only)."""
     previous = {}
     if threading.current_thread() is threading.main_thread():
         previous = {signum: signal.signal(signum, _raise) for signum in SIGNALS}

@@ -20,17 +20,13 @@ counts the same training forwards, so the ramp resumes from there; a checkpoint 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
-from fewshot.config import TrainConfig
 from fewshot.datasets import cifar100_fewshot, miniimagenet
-from fewshot.errors import FewshotError, summary
-from fewshot.io import atomic_torch_save, check_writable, load_checkpoint
-from fewshot.model import build_model
-from fewshot.settings import Command, check_fields, setting
+from fewshot.methods import build_method
+from fewshot.runtime.errors import FewshotError, summary
+from fewshot.training.settings import TrainSettings
 
 # Image side of each dataset MetaOptNet trains on (all RGB).
 IMAGE_SIZES = {
@@ -41,7 +37,7 @@ IMAGE_SIZES = {
 }
 # MetaOptNet's head name -> (our head, factor on its scale that gives the same logits).
 # Its 'Ridge' head solves min 1/2 z'Gz - 2 y'z, i.e. twice the ridge solution; R2D2 does not.
-HEADS = {
+METAOPTNET_HEADS = {
     "protonet": ("protonet", 1.0),
     "ridge": ("ridge", 2.0),
     "r2d2": ("ridge", 1.0),
@@ -105,13 +101,9 @@ def import_metaoptnet(ckpt: dict, backbone: str, head: str, dataset: str, source
         raise FewshotError(
             f"{source}: expected MetaOptNet keys 'embedding' and 'head', got {found}"
         )
-    if head not in HEADS:
-        raise FewshotError(f"--head must be one of {', '.join(HEADS)}, not {head!r}")
-    if dataset not in IMAGE_SIZES:
-        raise FewshotError(f"--dataset must be one of {', '.join(IMAGE_SIZES)}, not {dataset!r}")
-    our_head, scale_factor = HEADS[head]
+    our_head, scale_factor = METAOPTNET_HEADS[head]
     image_size = IMAGE_SIZES[dataset]
-    config = TrainConfig(
+    config = TrainSettings(
         dataset=dataset,
         backbone=backbone,
         # MetaOptNet's settings: DropBlock 5 at 84x84, 2 at 32x32; ProtoNet distances / d;
@@ -124,7 +116,7 @@ def import_metaoptnet(ckpt: dict, backbone: str, head: str, dataset: str, source
         eval_head_options={"max_iter": 3} if our_head == "svm" else {},
     )
     model_config = {**config.to_dict(), "in_channels": 3, "image_size": image_size}
-    model = build_model(model_config)
+    model = build_method(model_config)
 
     embedding = strip_module(ckpt["embedding"])
     if backbone == "conv4":
@@ -132,7 +124,7 @@ def import_metaoptnet(ckpt: dict, backbone: str, head: str, dataset: str, source
     elif backbone == "resnet12":
         mapped, unmatched = map_resnet12(embedding, model.backbone.drop_ramp_steps)
     else:
-        raise FewshotError(f"--backbone must be resnet12 or conv4, not {backbone!r}")
+        raise ValueError(f"backbone must be resnet12 or conv4, not {backbone!r}")
     if unmatched or not mapped:
         held = [name for name, key in SIGNATURES.items() if key in embedding]
         what = f"it holds a {held[0]} embedding" if held else "its embedding is neither"
@@ -156,42 +148,3 @@ def import_metaoptnet(ckpt: dict, backbone: str, head: str, dataset: str, source
         "model": model.state_dict(),
         "imported_from": {"checkpoint": source, "metaoptnet_head": head},
     }
-
-
-@dataclass(frozen=True)
-class ImportSettings:
-    """`fewshot import-metaoptnet`: which MetaOptNet checkpoint, what it holds, where to write."""
-
-    checkpoint: str = setting(help="MetaOptNet .pth file (embedding + head)")
-    backbone: str = setting(help="its embedding network", choices=("resnet12", "conv4"))
-    head: str = setting(
-        help="its head: ProtoNet, Ridge, R2D2 or SVM (SVM-CS)", choices=tuple(HEADS)
-    )
-    dataset: str = setting(help="the dataset it was trained on", choices=tuple(IMAGE_SIZES))
-    out: str = setting(help="fewshot checkpoint to write (.pt)")
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-
-
-def run_import(settings: ImportSettings) -> Path:
-    """`fewshot import-metaoptnet`: convert a MetaOptNet checkpoint and write it atomically."""
-    out = Path(settings.out)
-    check_writable(out)
-    ckpt = load_checkpoint(settings.checkpoint)
-    converted = import_metaoptnet(
-        ckpt, settings.backbone, settings.head, settings.dataset, settings.checkpoint
-    )
-    atomic_torch_save(converted, out)
-    print(f"wrote {out}; evaluate it with: fewshot eval --checkpoint {out}")
-    return out
-
-
-COMMANDS = [
-    Command(
-        ("import-metaoptnet",),
-        "convert a MetaOptNet checkpoint into a fewshot checkpoint",
-        (ImportSettings,),
-        run_import,
-    )
-]

@@ -6,13 +6,17 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import torch
+
 from fewshot.backbones import BACKBONES
 from fewshot.datasets import dataset_names
-from fewshot.ehg import distinct_splits
-from fewshot.errors import FewshotError
 from fewshot.heads import HEADS
-from fewshot.precision import amp_setting
-from fewshot.settings import (
+from fewshot.methods import METHODS, build_method, method_names
+from fewshot.methods.resplit import distinct_resplits
+from fewshot.runtime.device import device_setting
+from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.precision import amp_setting
+from fewshot.runtime.settings import (
     SettingError,
     build,
     check_fields,
@@ -22,13 +26,12 @@ from fewshot.settings import (
     setting,
 )
 
-DEVICES = ("auto", "cpu", "cuda")
 # Keys a run may change when it is resumed: how long, where and on what it runs.
-RESUMABLE_KEYS = ("epochs", "out", "device", "data_root")
+CHANGEABLE_ON_RESUME = ("epochs", "out", "device", "data_root")
 
 
 @dataclass
-class TrainConfig:
+class TrainSettings:
     """Everything that defines a training run (saved in every checkpoint)."""
 
     dataset: str = setting("omniglot", help="dataset name", choices=dataset_names)
@@ -37,6 +40,12 @@ class TrainConfig:
     )
     train_split: str = setting("train", help="split to train on (e.g. train, trainval)")
     val_split: str = setting("val", help="split to validate on")
+    method: str = setting(
+        "embedding", help="what trains and evaluates an episode", choices=method_names
+    )
+    method_options: dict = setting(
+        help="the method's keyword options as JSON (none for embedding)", default_factory=dict
+    )
     backbone: str = setting("conv4", help="embedding network", choices=tuple(BACKBONES))
     backbone_options: dict = setting(
         help="backbone keyword options as JSON, e.g. '{\"drop_block_size\": 2}'",
@@ -61,7 +70,7 @@ class TrainConfig:
     epochs: int = setting(60, help="training epochs", low=1)
     episodes_per_epoch: int = setting(1000, help="training episodes per epoch", low=1)
     episodes_per_batch: int = setting(2, help="episodes per optimizer step", low=1)
-    ehg_splits: int = setting(1, help="U re-splits of every episode (EHG); 1 = plain", low=1)
+    resplits: int = setting(1, help="U: re-splits of every episode (EHG); 1 = plain", low=1)
     optimizer: str = setting("sgd", help="sgd (Nesterov momentum) or adam", choices=("sgd", "adam"))
     lr: float = setting(0.1, help="base learning rate", above=0)
     momentum: float = setting(0.9, help="SGD momentum", low=0, below=1)
@@ -75,7 +84,7 @@ class TrainConfig:
     channels_last: bool = setting(True, help="channels_last memory format for the backbone")
     amp: str = amp_setting()
     seed: int = seed_setting(0, help="seed of the episodes, splits, augmentation and weights")
-    device: str = setting("auto", help="auto = cuda when available, else cpu", choices=DEVICES)
+    device: str = device_setting()
     out: str = setting("runs/default", help="run folder (checkpoints, metrics.jsonl)")
 
     def __post_init__(self) -> None:
@@ -95,13 +104,13 @@ class TrainConfig:
                 f"must be a multiple of episodes_per_batch ({self.episodes_per_batch}), "
                 f"got {self.episodes_per_epoch}",
             )
-        limit = distinct_splits(self.way, self.shot, self.query)
-        if self.ehg_splits > limit:
+        limit = distinct_resplits(self.way, self.shot, self.query)
+        if self.resplits > limit:
             raise SettingError(
-                "ehg_splits",
-                f"must be <= {limit}, the distinct splits of a {self.way}-way {self.shot}-shot "
+                "resplits",
+                f"must be <= {limit}, the distinct re-splits of a {self.way}-way {self.shot}-shot "
                 f"{self.query}-query episode (C({self.shot + self.query},{self.shot})^{self.way}),"
-                f" got {self.ehg_splits}",
+                f" got {self.resplits}",
             )
         for i, entry in enumerate(self.lr_schedule):
             if not _is_schedule_entry(entry):
@@ -109,7 +118,15 @@ class TrainConfig:
                     "lr_schedule",
                     f"entry {i} must be [epoch >= 0 (an integer), factor > 0], got {entry!r}",
                 )
+        check_options("method_options", self.method_options, METHODS[self.method])
         check_options("backbone_options", self.backbone_options, BACKBONES[self.backbone])
+        # The method and its backbone check their own options; on the meta device building
+        # them costs nothing (the geometry is any the backbones accept).
+        try:
+            with torch.device("meta"):
+                build_method({**asdict(self), "in_channels": 3, "image_size": 84})
+        except ValueError as e:  # the backbone's
+            raise SettingError("backbone_options", str(e)) from None
         for key in ("head_options", "eval_head_options"):
             check_options(key, getattr(self, key), HEADS[self.head])
 
@@ -148,17 +165,17 @@ def read_config_file(path: str | Path) -> dict:
     return {k: v for k, v in values.items() if not k.startswith("_")}
 
 
-def make_config(config_file: str | None, flags: dict) -> TrainConfig:
+def make_config(config_file: str | None, flags: dict) -> TrainSettings:
     """Defaults <- config file <- command-line values."""
     layers = [(f"config file {config_file}", read_config_file(config_file))] if config_file else []
-    return build(TrainConfig, [*layers, ("flags", flags)])
+    return build(TrainSettings, [*layers, ("flags", flags)])
 
 
 def checkpoint_settings(ckpt: dict, path: str | Path) -> dict:
-    """The TrainConfig saved in a checkpoint, checked; settings added since it was written
+    """The TrainSettings saved in a checkpoint, checked; settings added since it was written
     take their defaults (which reproduce how such runs behaved)."""
     config = ckpt.get("config")
     if not isinstance(config, dict):
         raise FewshotError(f"{path} is not a fewshot training checkpoint (it has no config)")
     values = {k: v for k, v in config.items() if k not in ("in_channels", "image_size")}
-    return build(TrainConfig, [(f"checkpoint {path}", values)]).to_dict()
+    return build(TrainSettings, [(f"checkpoint {path}", values)]).to_dict()

@@ -1,5 +1,8 @@
 """The HPO tasks of the paper, each a bilevel problem handed to `fewshot.hpo.optimize`.
 
+- `base`: the task contract (`Task`, the shared settings `TaskSettings` / `HpoSettings`); each
+  task module defines its `TASK`, registered in `fewshot.hpo.cli.TASKS`.
+
 - `regularization`: lasso / ridge / logistic / SVM regularization on LIBSVM data.
 - `cleaning` (+ `cleaning_data`): data hyper-cleaning on MNIST / Fashion-MNIST.
 - `image_regularization`: per-parameter L2 weights of softmax regression and an MLP.

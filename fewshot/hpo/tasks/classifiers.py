@@ -7,29 +7,28 @@ uniform start). Any dict of tensors works with `fewshot.hpo`'s estimators.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
-from fewshot.config import DEVICES
-from fewshot.errors import FewshotError
-from fewshot.hpo.optimize import METHODS
-from fewshot.settings import setting
+from fewshot.hpo.tasks.base import HpoSettings
+from fewshot.runtime.device import device_setting
+from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.settings import setting
 
 CLASSIFIERS = ("sr", "mlp")
 MLP_HIDDEN = 300
 
 
 @dataclass(frozen=True, kw_only=True)
-class ClassifierTask:
+class ClassifierSettings(HpoSettings):
     """The settings the two image tasks (cleaning, image regularization) share."""
 
+    OFFLINE_RESPLITS: ClassVar[bool] = False
+
     model: str = setting(help="classifier", choices=CLASSIFIERS)
-    method: str = setting(help="hypergradient method", choices=METHODS)
-    splits: int | None = setting(None, help="U, oehg only (default 5 for oehg, else 1)", low=1)
-    out: str = setting(help="folder for the JSON result")
-    data_root: str | None = setting(None, help="folder holding mnist/ ... (default: data/)")
-    device: str = setting("auto", help="auto = cuda when available, else cpu", choices=DEVICES)
+    device: str = device_setting()
 
 
 def init_classifier(kind: str, in_dim: int, num_classes: int, seed: int) -> dict[str, torch.Tensor]:

@@ -15,23 +15,18 @@ import math
 import time
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from fewshot.device import resolve_device
 from fewshot.hpo.batches import Minibatches
 from fewshot.hpo.ensemble import StepCallback
 from fewshot.hpo.hypergrad import Bilevel
-from fewshot.hpo.optimize import (
-    OEHG_SPLITS,
-    Budget,
-    check_method_settings,
-    optimize,
-    split_count,
-)
+from fewshot.hpo.optimize import OEHG_RESPLITS, optimize
+from fewshot.hpo.tasks.base import Task, run_stem
 from fewshot.hpo.tasks.classifiers import (
-    ClassifierTask,
+    ClassifierSettings,
     classifier_logits,
     classifier_scores,
     init_classifier,
@@ -41,26 +36,27 @@ from fewshot.hpo.tasks.cleaning_data import (
     CleaningData,
     CleanValidationSplits,
     cleaner_scores,
+    draw_cleaning_data,
     training_data,
 )
+from fewshot.hpo.tasks.image_data import load_image_dataset
 from fewshot.hpo.trees import Theta
-from fewshot.settings import SettingError, check_fields, seed_setting, setting
+from fewshot.runtime.device import resolve_device
+from fewshot.runtime.io import atomic_write_json
+from fewshot.runtime.settings import SettingError, setting
 
 
 @dataclass(frozen=True, kw_only=True)
-class Settings(ClassifierTask):
+class Settings(ClassifierSettings):
     """`fewshot hpo cleaning`: everything a run depends on (the paper's setting, our steps)."""
 
     dataset: str = setting(help="image set", choices=CLEANING_DATASETS)
-    seed: int = seed_setting(0, help="seed of the data draw, corruption, model and batches")
     noise: float = setting(0.5, help="share of corrupted labels", low=0, below=1)
     n_train: int = setting(8000, help="training examples", low=1)
     n_val: int = setting(2000, help="validation examples", low=1)
     n_test: int = setting(10000, help="test examples", low=1)
     outer_steps: int | None = setting(None, help="T (default: equal budgets)", low=1)
     inner_steps: int = setting(64, help="K of RHG / T-RHG / AID", low=1)
-    truncate: int = setting(16, help="T-RHG window (trhg)", low=1)
-    solver_steps: int = setting(20, help="Z for AID (aid-fp, aid-cg)", low=1)
     inner_lr: float | None = setting(None, help="default 0.5 (sr) / 0.2 (mlp)", above=0)
     outer_lr: float = setting(0.1, help="Adam on weight logits", above=0)
     batch: int | None = setting(None, help="default: all (sr), 500 (mlp)", low=1)
@@ -72,24 +68,26 @@ class Settings(ClassifierTask):
     resplit_every: int = setting(50, help="OEHG: re-draw splits", low=1, flag=False)
 
     def __post_init__(self) -> None:
-        check_fields(self)
-        if not self.out.strip():
-            raise SettingError("out", "must name a folder")
-        check_method_settings(
-            self.method, self.splits, self.inner_steps, self.truncate, offline_ensembles=False
-        )
-        count = self.split_count()
+        super().__post_init__()
+        count = self.resplit_count()
         extra = self.extra_val * (count - 1)
         if self.method == "oehg" and extra > self.n_train:
             raise SettingError(
-                "splits",
+                "resplits",
                 f"{count} needs {count - 1} x extra_val ({self.extra_val}) = {extra} training "
                 f"examples moved to validation, more than n_train ({self.n_train})",
             )
 
-    def split_count(self) -> int:
-        """U for this method."""
-        return split_count(self.method, self.splits)
+    def check_image_counts(self, train_images: int, test_images: int) -> None:
+        """SettingError unless the data set holds the examples asked for."""
+        if self.n_train + self.n_val > train_images:
+            raise SettingError(
+                "n_train",
+                f"{self.n_train} + n_val {self.n_val} exceed the {train_images} training "
+                f"images of {self.dataset}",
+            )
+        if self.n_test > test_images:
+            raise SettingError("n_test", f"{self.n_test} exceeds the {test_images} test images")
 
     def step_size(self) -> float:
         """The inner (and retraining) learning rate."""
@@ -110,20 +108,15 @@ class Settings(ClassifierTask):
     def outer_step_count(self) -> int:
         """T; RHG / T-RHG / AID get as many inner steps in total as OEHG (U + 1 per outer step).
 
-        OEHG's default T is 1000 for SR and 3000 for the MLP, which needs the longer run (T = 1000
-        left MNIST MLP cleaning at 90.4 % test accuracy, T = 3000 at 91.5 %).
+        OEHG's default T is 1000 for SR and 3000 for the MLP, which needs the longer run
+        (experiments/hpo_cleaning/NOTE.md).
         """
         if self.outer_steps is not None:
             return self.outer_steps
         oehg_steps = 1000 if self.model == "sr" else 3000
         if self.method == "oehg":
             return oehg_steps
-        return math.ceil(oehg_steps * (OEHG_SPLITS + 1) / self.inner_steps)  # + deployed model
-
-    def budget(self) -> Budget:
-        """The step counts of the run (OEHG: one inner step per outer step)."""
-        steps = self.outer_step_count()
-        return Budget(steps, self.inner_steps, self.truncate, self.solver_steps)
+        return math.ceil(oehg_steps * (OEHG_RESPLITS + 1) / self.inner_steps)  # + deployed model
 
 
 def cleaning_problem(inner_lr: float) -> Bilevel:
@@ -181,13 +174,23 @@ class CleaningResult:
     clean_mean_weight: float = 0.0
 
 
-def run_cleaning(
+def load(settings: Settings) -> CleaningData:
+    """The seeded draw the settings name, with corrupted labels, on the settings' device."""
+    s = settings
+    device = resolve_device(s.device)
+    train = load_image_dataset(s.dataset, "train", s.data_root)
+    test = load_image_dataset(s.dataset, "test", s.data_root)
+    s.check_image_counts(len(train.labels), len(test.labels))
+    data = draw_cleaning_data(train, test, s.n_train, s.n_val, s.n_test, s.noise, s.seed)
+    return data.to(device)
+
+
+def run(
     settings: Settings, data: CleaningData, on_step: StepCallback | None = None
 ) -> CleaningResult:
     """Learn the example weights with the chosen method, then score, retrain and compare."""
     start = time.perf_counter()
-    device = resolve_device(settings.device)
-    data = data.to(device)
+    device = data.x_train.device
     lr = settings.step_size()
     problem = cleaning_problem(lr)
     init = init_classifier(settings.model, data.x_train.shape[1], data.num_classes, settings.seed)
@@ -198,7 +201,7 @@ def run_cleaning(
     if settings.method == "oehg":
         splits = CleanValidationSplits(
             data,
-            settings.split_count(),
+            settings.resplit_count(),
             settings.extra_val,
             confidence=settings.clean_confidence,
             every=settings.resplit_every,
@@ -254,3 +257,44 @@ def run_cleaning(
         corrupted_mean_weight=float(weights[data.corrupted].mean()),
         clean_mean_weight=float(weights[~data.corrupted].mean()),
     )
+
+
+def result_stem(dataset: str, model: str, method: str, seed: int) -> str:
+    """The result file name without suffix: cleaning_DATASET_MODEL_METHOD_seedS."""
+    return run_stem("cleaning_", dataset, model, method, seed)
+
+
+def outputs(s: Settings) -> list[Path]:
+    """OUT/STEM.json."""
+    return [Path(s.out) / f"{result_stem(s.dataset, s.model, s.method, s.seed)}.json"]
+
+
+def write(s: Settings, result: CleaningResult, paths: list[Path]) -> None:
+    """The result as JSON."""
+    atomic_write_json(asdict(result), paths[0])
+
+
+def report(s: Settings, result: CleaningResult) -> list[str]:
+    """The test accuracy, the cleaner's scores and the two retrained baselines."""
+    return [
+        f"test accuracy: {result.test_accuracy:.2f} %",
+        f"precision: {result.precision:.2f} %",
+        f"recall: {result.recall:.2f} %",
+        f"F1: {result.f1:.2f} %",
+        f"Weight Tr test accuracy: {result.weight_tr_accuracy:.2f} %",
+        f"Dirty Tr test accuracy: {result.dirty_tr_accuracy:.2f} %",
+        f"flagged {result.flagged} of {s.n_train} (corrupted: {result.corrupted})",
+    ]
+
+
+TASK = Task(
+    name="cleaning",
+    help="data hyper-cleaning: learn per-example weights on corrupted MNIST labels",
+    settings=Settings,
+    load=load,
+    run=run,
+    steps=lambda s: s.outer_step_count(),
+    outputs=outputs,
+    write=write,
+    report=report,
+)

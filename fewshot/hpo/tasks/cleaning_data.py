@@ -12,15 +12,14 @@ disjoint, and they are re-drawn every `every` outer steps as the model improves.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass
 
 import torch
 
-from fewshot.errors import FewshotError
+from fewshot.datasets.base import ImageSplit
 from fewshot.hpo.batches import Minibatches
 from fewshot.hpo.tasks.classifiers import classifier_logits
-from fewshot.hpo.tasks.image_data import flat_pixels, load_image_dataset
+from fewshot.hpo.tasks.image_data import flat_pixels
 from fewshot.hpo.trees import Theta
 
 CLEANING_DATASETS = ("mnist", "fashion-mnist")
@@ -54,7 +53,7 @@ def corrupt_labels(
     Returns (new labels, mask of the replaced ones).
     """
     if not 0.0 <= rate < 1.0:
-        raise FewshotError(f"--noise {rate} must lie in [0, 1)")
+        raise ValueError(f"the corruption rate must lie in [0, 1), got {rate}")
     flip = torch.rand(len(labels), generator=gen) < rate
     # Adding 1..C-1 modulo C reaches every other class exactly once: uniform over wrong labels.
     offset = torch.randint(1, num_classes, (len(labels),), generator=gen)
@@ -62,28 +61,20 @@ def corrupt_labels(
 
 
 def draw_cleaning_data(
-    dataset: str,
+    train: ImageSplit,
+    test: ImageSplit,
     n_train: int = 8000,
     n_val: int = 2000,
     n_test: int = 10000,
     noise: float = 0.5,
     seed: int = 0,
-    data_root: str | os.PathLike | None = None,
 ) -> CleaningData:
-    """Seeded train / validation draw from the training split, test draw from the test split."""
-    if dataset not in CLEANING_DATASETS:
-        raise FewshotError(f"--dataset {dataset!r}: choose from {', '.join(CLEANING_DATASETS)}")
-    if not 0.0 <= noise < 1.0:
-        raise FewshotError(f"--noise {noise} must lie in [0, 1)")
-    train = load_image_dataset(dataset, "train", data_root)
-    test = load_image_dataset(dataset, "test", data_root)
-    if n_train + n_val > len(train.labels):
-        raise FewshotError(
-            f"--n-train {n_train} + --n-val {n_val} exceed the {len(train.labels)} training "
-            f"images of {dataset}"
+    """Seeded train / validation draw from `train`, test draw from `test`, labels corrupted."""
+    if n_train + n_val > len(train.labels) or n_test > len(test.labels):
+        raise ValueError(
+            f"{n_train} + {n_val} training and {n_test} test examples exceed the "
+            f"{len(train.labels)} training and {len(test.labels)} test images"
         )
-    if n_test > len(test.labels):
-        raise FewshotError(f"--n-test {n_test} exceeds the {len(test.labels)} test images")
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(train.labels), generator=gen)
     tr, va = order[:n_train], order[n_train : n_train + n_val]
@@ -124,7 +115,7 @@ class CleanValidationSplits:
     def __init__(
         self,
         data: CleaningData,
-        count: int,
+        resplits: int,
         extra_val: int,
         *,
         confidence: float,
@@ -133,7 +124,7 @@ class CleanValidationSplits:
         val_batch: int,
         seed: int,
     ) -> None:
-        self.data, self.count, self.extra_val = data, count, extra_val
+        self.data, self.resplits, self.extra_val = data, resplits, extra_val
         self.confidence, self.every = confidence, every
         self.batch, self.val_batch = batch, val_batch
         self.gen = torch.Generator().manual_seed(seed + 1)
@@ -153,9 +144,9 @@ class CleanValidationSplits:
             given = probs.gather(1, d.y_train[:, None]).squeeze(1)
         pool = torch.nonzero(given >= self.confidence).squeeze(1).cpu()
         pool = pool[torch.randperm(len(pool), generator=self.gen)]
-        share = min(self.extra_val, len(pool) // max(self.count - 1, 1))
+        share = min(self.extra_val, len(pool) // max(self.resplits - 1, 1))
         splits, self.moved_counts = [], []
-        for u in range(self.count):
+        for u in range(self.resplits):
             moved = pool[(u - 1) * share : u * share] if u else pool[:0]
             keep = torch.ones(len(d.y_train), dtype=torch.bool)
             keep[moved] = False

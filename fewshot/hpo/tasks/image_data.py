@@ -13,7 +13,7 @@ from fewshot.datasets import resolve_data_root
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.cifar10 import read_cifar10_jpeg
 from fewshot.datasets.idx import read_fashion_mnist, read_mnist
-from fewshot.errors import FewshotError
+from fewshot.runtime.errors import FewshotError
 
 IMAGE_READERS = {"mnist": read_mnist, "fashion-mnist": read_fashion_mnist}
 IMAGE_READERS["cifar10"] = read_cifar10_jpeg

@@ -15,26 +15,29 @@ import math
 import os
 import time
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from fewshot.device import resolve_device
-from fewshot.errors import FewshotError
 from fewshot.hpo.batches import Minibatches
 from fewshot.hpo.ensemble import StepCallback
 from fewshot.hpo.hypergrad import Bilevel
-from fewshot.hpo.optimize import Budget, check_method_settings, optimize, split_count
+from fewshot.hpo.optimize import OEHG_RESPLITS, optimize
 from fewshot.hpo.splits import make_splits
+from fewshot.hpo.tasks.base import Task, run_stem
 from fewshot.hpo.tasks.classifiers import (
-    ClassifierTask,
+    ClassifierSettings,
     classifier_logits,
     classifier_scores,
     init_classifier,
 )
 from fewshot.hpo.tasks.image_data import IMAGE_DATASETS, flat_pixels, load_image_dataset
 from fewshot.hpo.trees import Theta
-from fewshot.settings import SettingError, check_fields, seed_setting, setting
+from fewshot.runtime.device import resolve_device
+from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.io import atomic_write_json
+from fewshot.runtime.settings import setting
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,11 @@ class ObservedData:
     x_test: torch.Tensor
     y_test: torch.Tensor
     num_classes: int
+
+    def to(self, device: torch.device) -> ObservedData:
+        """The same data on `device`."""
+        moved = {k: v.to(device) if torch.is_tensor(v) else v for k, v in asdict(self).items()}
+        return ObservedData(**moved)
 
 
 def draw_observed_data(
@@ -87,32 +95,15 @@ def regularization_problem(inner_lr: float) -> Bilevel:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Settings(ClassifierTask):
+class Settings(ClassifierSettings):
     """`fewshot hpo image-regularization` (paper's protocol; step counts fit a small CPU)."""
 
     dataset: str = setting(help="image set", choices=IMAGE_DATASETS)
-    seed: int = seed_setting(0, help="seed of the data draw, splits, model and batches")
     gamma: float = setting(0.2, help="validation share", above=0, below=1, flag=False)
     outer_steps: int | None = setting(None, help="T (default: equal budgets)", low=1)
-    inner_steps: int = setting(128, help="K of RHG / T-RHG / AID", low=1)
-    truncate: int = setting(16, help="T-RHG window (trhg)", low=1)
-    solver_steps: int = setting(20, help="Z for AID (aid-fp, aid-cg)", low=1)
     inner_lr: float | None = setting(None, help="default 0.05 (0.01 CIFAR-10)", above=0)
-    outer_lr: float = setting(0.01, help="Adam on log lambda", above=0)
     batch: int = setting(256, help="inner SGD mini-batch", low=1)
     init_log_lam: float = setting(math.log(1e-4), help="initial log weight", flag=False)
-
-    def __post_init__(self) -> None:
-        check_fields(self)
-        if not self.out.strip():
-            raise SettingError("out", "must name a folder")
-        check_method_settings(
-            self.method, self.splits, self.inner_steps, self.truncate, offline_ensembles=False
-        )
-
-    def split_count(self) -> int:
-        """U for this method."""
-        return split_count(self.method, self.splits)
 
     def step_size(self) -> float:
         """The inner SGD learning rate."""
@@ -124,16 +115,14 @@ class Settings(ClassifierTask):
         """T; RHG / T-RHG / AID get OEHG's total of (U + 1) * 1000 = 6000 inner steps by default."""
         if self.outer_steps is not None:
             return self.outer_steps
-        return 1000 if self.method == "oehg" else math.ceil(6000 / self.inner_steps)
-
-    def budget(self) -> Budget:
-        """The step counts of the run (OEHG: one inner step per outer step)."""
-        steps = self.outer_step_count()
-        return Budget(steps, self.inner_steps, self.truncate, self.solver_steps)
+        oehg_steps = 1000
+        if self.method == "oehg":
+            return oehg_steps
+        return math.ceil(oehg_steps * (OEHG_RESPLITS + 1) / self.inner_steps)
 
 
 @dataclass
-class RegularizationResult:
+class ImageRegularizationResult:
     """Test metrics of the deployed model, and the learned weights' summary."""
 
     settings: dict
@@ -144,14 +133,19 @@ class RegularizationResult:
     outer_losses: list[float] = field(default_factory=list)
 
 
-def run_image_regularization(
+def load(settings: Settings) -> ObservedData:
+    """The seeded draw the settings name, on the settings' device."""
+    device = resolve_device(settings.device)
+    return draw_observed_data(settings.dataset, settings.seed, settings.data_root).to(device)
+
+
+def run(
     settings: Settings, data: ObservedData, on_step: StepCallback | None = None
-) -> RegularizationResult:
+) -> ImageRegularizationResult:
     """Learn per-parameter weights with the chosen method and test the deployed model."""
     start = time.perf_counter()
-    device = resolve_device(settings.device)
-    x, y = data.x.to(device), data.y.to(device)
-    splits = make_splits(len(y), settings.gamma, settings.split_count(), settings.seed)
+    x, y, device = data.x, data.y, data.x.device
+    splits = make_splits(len(y), settings.gamma, settings.resplit_count(), settings.seed)
     split_data = [
         (Minibatches((x[s.train], y[s.train]), settings.batch), (x[s.val], y[s.val]))
         for s in splits
@@ -171,8 +165,8 @@ def run_image_regularization(
         seed=settings.seed,
         on_step=on_step,
     )
-    accuracy, loss = classifier_scores(result.theta, data.x_test.to(device), data.y_test.to(device))
-    return RegularizationResult(
+    accuracy, loss = classifier_scores(result.theta, data.x_test, data.y_test)
+    return ImageRegularizationResult(
         settings=asdict(replace(settings, device=device.type)),
         test_accuracy=accuracy,
         test_loss=loss,
@@ -180,3 +174,36 @@ def run_image_regularization(
         mean_log_lam={k: float(v.mean()) for k, v in result.lam.items()},
         outer_losses=result.outer_losses,
     )
+
+
+def result_stem(dataset: str, model: str, method: str, seed: int) -> str:
+    """The result file name without suffix: imgreg_DATASET_MODEL_METHOD_seedS."""
+    return run_stem("imgreg_", dataset, model, method, seed)
+
+
+def outputs(s: Settings) -> list[Path]:
+    """OUT/STEM.json."""
+    return [Path(s.out) / f"{result_stem(s.dataset, s.model, s.method, s.seed)}.json"]
+
+
+def write(s: Settings, result: ImageRegularizationResult, paths: list[Path]) -> None:
+    """The result as JSON."""
+    atomic_write_json(asdict(result), paths[0])
+
+
+def report(s: Settings, result: ImageRegularizationResult) -> list[str]:
+    """The deployed model's test loss and accuracy."""
+    return [f"test loss: {result.test_loss:.4f}", f"test accuracy: {result.test_accuracy:.2f} %"]
+
+
+TASK = Task(
+    name="image-regularization",
+    help="one L2 weight per parameter of SR / MLP on MNIST, Fashion-MNIST or CIFAR-10",
+    settings=Settings,
+    load=load,
+    run=run,
+    steps=lambda s: s.outer_step_count(),
+    outputs=outputs,
+    write=write,
+    report=report,
+)

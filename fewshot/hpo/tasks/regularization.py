@@ -18,19 +18,23 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from fewshot.datasets.libsvm import DATASETS, TabularData, load_dataset
-from fewshot.errors import FewshotError
+from fewshot.hpo.ensemble import StepCallback
 from fewshot.hpo.hypergrad import Bilevel
-from fewshot.hpo.optimize import METHODS, Budget, check_method_settings, optimize, split_count
-from fewshot.hpo.splits import make_splits
+from fewshot.hpo.optimize import Budget, optimize
+from fewshot.hpo.splits import make_splits, validation_size
+from fewshot.hpo.tasks.base import HpoSettings, Task, run_stem
 from fewshot.hpo.trees import Theta
-from fewshot.settings import SettingError, check_fields, seed_setting, setting
+from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.io import atomic_save_figure, atomic_write_json
+from fewshot.runtime.settings import SettingError, setting
 
 MODELS = ("lasso", "ridge", "logistic", "svm")
 REGRESSION_MODELS = ("lasso", "ridge")
@@ -39,24 +43,16 @@ Data = tuple[torch.Tensor, torch.Tensor]
 
 
 @dataclass(frozen=True, kw_only=True)
-class Settings:
+class Settings(HpoSettings):
     """`fewshot hpo regularization`: everything that defines one run."""
 
     dataset: str = setting(help="LIBSVM set", choices=sorted(DATASETS))
     model: str = setting(help="linear model", choices=MODELS)
-    method: str = setting(help="hypergradient method", choices=METHODS)
-    splits: int | None = setting(None, help="U (default 5 for oehg, else 1)", low=1)
     per_parameter: bool = setting(False, help="one lambda per weight")
-    seed: int = seed_setting(0, help="seed of the splits (and of a random holdout)")
-    out: str = setting(help="folder for the JSON result and the loss plot")
-    data_root: str | None = setting(None, help="folder holding libsvm/ (default: data/)")
     gamma: float = setting(0.2, help="validation share", above=0, below=1)
     outer_steps: int = setting(1000, help="T", low=1)
-    inner_steps: int = setting(128, help="K (not oehg)", low=1)
     oehg_inner_steps: int = setting(1, help="inner steps per outer step of oehg", low=1)
     truncate: int = setting(32, help="T-RHG window (trhg)", low=1)
-    solver_steps: int = setting(20, help="Z for AID (aid-fp, aid-cg)", low=1)
-    outer_lr: float = setting(0.01, help="Adam on log lambda", above=0)
     inner_lr: float | None = setting(
         None,
         help="fixed inner step (default: 1/(L + 2 max lambda), L of the data loss; lasso 1/L)",
@@ -71,10 +67,7 @@ class Settings:
     eval_points: int = setting(50, help="test-loss curve resolution", low=1, flag=False)
 
     def __post_init__(self) -> None:
-        check_fields(self)
-        if not self.out.strip():
-            raise SettingError("out", "must name a folder")
-        check_method_settings(self.method, self.splits, self.inner_steps, self.truncate)
+        super().__post_init__()
         regression = DATASETS[self.dataset].task == "regression"
         if regression != (self.model in REGRESSION_MODELS):
             kind = "regression (lasso, ridge)" if regression else "classification (logistic, svm)"
@@ -86,23 +79,33 @@ class Settings:
                 "Hessian system is singular (use rhg, trhg, aid-fp or oehg)",
             )
 
-    def split_count(self) -> int:
-        """U, resolving the per-method default."""
-        return split_count(self.method, self.splits)
+    def outer_step_count(self) -> int:
+        """T."""
+        return self.outer_steps
 
     def budget(self) -> Budget:
-        """The step counts of the run."""
-        return Budget(
-            self.outer_steps,
-            self.inner_steps,
-            self.truncate,
-            self.solver_steps,
-            self.oehg_inner_steps,
-        )
+        """The step counts of the run, OEHG's inner steps per outer step included."""
+        return replace(super().budget(), oehg_inner_steps=self.oehg_inner_steps)
+
+    def check_observed(self, n: int) -> None:
+        """SettingError unless `n` observed examples leave both parts of a split non-empty and
+        have U distinct splits."""
+        n_val = validation_size(n, self.gamma)
+        if not 1 <= n_val <= n - 1:
+            raise SettingError(
+                "gamma", f"{self.gamma} leaves an empty train or validation set of {n} examples"
+            )
+        distinct, count = math.comb(n, n_val), self.resplit_count()
+        if count > distinct:
+            raise SettingError(
+                "resplits",
+                f"must be <= {distinct}, got {count}: {n} examples with {n_val} for validation "
+                f"allow only {distinct} distinct splits",
+            )
 
 
 @dataclass
-class RunResult:
+class RegularizationResult:
     """What one regularization run measured."""
 
     dataset: str
@@ -114,7 +117,7 @@ class RunResult:
     curve: list[tuple[int, float]] = field(default_factory=list)
 
 
-def load_task_data(settings: Settings) -> TabularData:
+def load(settings: Settings) -> TabularData:
     """The observed and test sets the settings name (holdout and seed applied)."""
     shuffle = HOLDOUTS[settings.holdout]
     return load_dataset(settings.dataset, settings.seed, settings.data_root, shuffle)
@@ -128,7 +131,7 @@ def data_loss(model: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor
         return lambda f, y: F.softplus(-y * f).mean()
     if model == "svm":
         return lambda f, y: F.relu(1.0 - y * f).mean()
-    raise FewshotError(f"unknown --model {model!r}; choose from {', '.join(MODELS)}")
+    raise ValueError(f"unknown model {model!r}; choose from {', '.join(MODELS)}")
 
 
 def predict(theta: Theta, x: torch.Tensor) -> torch.Tensor:
@@ -182,13 +185,14 @@ def _tensor(a: np.ndarray) -> torch.Tensor:
 
 
 def run(
-    data: TabularData, settings: Settings, progress: Callable[[int], None] | None = None
-) -> RunResult:
+    settings: Settings, data: TabularData, on_step: StepCallback | None = None
+) -> RegularizationResult:
     """One HPO run: learn lam on the observed set, report the deployed model on the test set."""
     if data.name != settings.dataset:
         raise FewshotError(f"the data is {data.name}, but the settings name {settings.dataset}")
+    settings.check_observed(len(data.y_observed))
     splits = make_splits(
-        len(data.y_observed), settings.gamma, settings.split_count(), settings.seed
+        len(data.y_observed), settings.gamma, settings.resplit_count(), settings.seed
     )
     x, y = _tensor(data.x_observed), _tensor(data.y_observed)
     split_data = [((x[s.train], y[s.train]), (x[s.val], y[s.val])) for s in splits]
@@ -204,11 +208,11 @@ def run(
     every = max(1, settings.outer_steps // settings.eval_points)
     curve: list[tuple[int, float]] = []
 
-    def on_step(t: int, lam: torch.Tensor, theta: Theta) -> None:
+    def record(t: int, lam: torch.Tensor, theta: Theta) -> None:
         if (t + 1) % every == 0:
             curve.append((t + 1, linear_scores(settings.model, theta, test)[0]))
-        if progress is not None:
-            progress(t)
+        if on_step is not None:
+            on_step(t, lam, theta)
 
     start = time.perf_counter()
     result = optimize(
@@ -220,10 +224,63 @@ def run(
         settings.budget(),
         outer_lr=settings.outer_lr,
         seed=settings.seed,
-        on_step=on_step,
+        on_step=record,
     )
     loss, accuracy = linear_scores(settings.model, result.theta, test)
     lam = torch.exp(result.lam).reshape(-1).tolist()
-    return RunResult(
+    return RegularizationResult(
         data.name, asdict(settings), lam, loss, accuracy, time.perf_counter() - start, curve
     )
+
+
+def result_stem(dataset: str, model: str, method: str, seed: int, per_parameter: bool) -> str:
+    """The result file name without suffix: DATASET_MODEL_METHOD[_pp]_seedS."""
+    return run_stem("", dataset, model, method + ("_pp" if per_parameter else ""), seed)
+
+
+def plot_curve(curve: list[tuple[int, float]], path: Path, title: str) -> None:
+    """Test loss against outer step, saved as an image."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot([s for s, _ in curve], [v for _, v in curve])
+    ax.set(xlabel="outer step", ylabel="test loss", title=title)
+    fig.tight_layout()
+    atomic_save_figure(fig, path, dpi=100)
+    plt.close(fig)
+
+
+def outputs(s: Settings) -> list[Path]:
+    """OUT/STEM.json and the test-loss plot OUT/STEM.png."""
+    path = Path(s.out) / result_stem(s.dataset, s.model, s.method, s.seed, s.per_parameter)
+    return [path.with_suffix(".json"), path.with_suffix(".png")]
+
+
+def write(s: Settings, result: RegularizationResult, paths: list[Path]) -> None:
+    """The result as JSON, and its test-loss curve."""
+    atomic_write_json(asdict(result), paths[0])
+    plot_curve(result.curve, paths[1], paths[1].stem)
+
+
+def report(s: Settings, result: RegularizationResult) -> list[str]:
+    """The test loss, and the accuracy of a classifier."""
+    lines = [f"test loss: {result.test_loss:.4f}"]
+    if result.test_accuracy is not None:
+        lines.append(f"test accuracy: {result.test_accuracy:.2f} %")
+    return lines
+
+
+TASK = Task(
+    name="regularization",
+    help="learn the regularization strength of lasso/ridge/logistic/SVM on a LIBSVM set",
+    settings=Settings,
+    load=load,
+    run=run,
+    steps=lambda s: s.outer_steps,
+    outputs=outputs,
+    write=write,
+    report=report,
+)

@@ -1,0 +1,108 @@
+"""`fewshot eval`: a checkpoint on seeded test episodes, accuracy ± 95% CI, the result as JSON."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from fewshot.datasets import dataset_names, load_split
+from fewshot.datasets.base import ImageSplit
+from fewshot.datasets.sampler import EpisodeShape
+from fewshot.evaluation.episodes import EvalResult, episode_accuracies
+from fewshot.methods.base import Method
+from fewshot.runtime.device import device_setting, resolve_device
+from fewshot.runtime.io import atomic_write_json, prepare_output, same_json
+from fewshot.runtime.precision import amp_setting, precision_name
+from fewshot.runtime.settings import Command, check_fields, seed_setting, setting
+from fewshot.training.checkpoint import check_fits, checkpoint_file, load_trained
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpisodeSettings:
+    """Which seeded test episodes, drawn from which data, on which device."""
+
+    dataset: str | None = setting(
+        None, help="dataset to evaluate on (default: the training dataset)", choices=dataset_names
+    )
+    split: str = setting("test", help="split to draw the episodes from")
+    data_root: str | None = setting(
+        None, help="data folder (default: $FEWSHOT_DATA or the repository's data/)"
+    )
+    way: int = setting(5, help="classes per episode", low=1)
+    shot: int = setting(1, help="support images per class", low=1)
+    query: int = setting(15, help="query images per class", low=1)
+    episodes: int = setting(1000, help="number of seeded episodes (>= 2 for a CI)", low=2)
+    episodes_per_batch: int = setting(8, help="episodes per head call", low=1)
+    seed: int = seed_setting(0, help="seed of the test episodes")
+    device: str = device_setting()
+    cache: bool = setting(True, help="embed every image once (--no-cache: every episode)")
+    amp: str = amp_setting()
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+    @property
+    def shape(self) -> EpisodeShape:
+        """The episode shape these settings ask for."""
+        batch = min(self.episodes_per_batch, self.episodes)  # no memory for episodes never drawn
+        return EpisodeShape(self.way, self.shot, self.query, batch)
+
+    def accuracies(self, method: Method, split: ImageSplit, device: torch.device) -> torch.Tensor:
+        """Per-episode accuracies of a trained method on these episodes, in this evaluation's
+        precision (whatever it was trained in)."""
+        method.amp = self.amp
+        return episode_accuracies(
+            method, split, self.shape, self.episodes, self.seed, device, self.cache, progress=True
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalSettings(EpisodeSettings):
+    """`fewshot eval`: a checkpoint on seeded episodes, the result as JSON."""
+
+    checkpoint: str = setting(help="a .pt file written by fewshot train (or its run folder)")
+    out: str | None = setting(None, help="JSON result path (default: next to the checkpoint)")
+    per_episode: bool = setting(False, help="also write every episode's accuracy to the JSON")
+    overwrite: bool = setting(False, help="replace a result of other settings at the --out path")
+
+    def result_path(self, checkpoint: Path, dataset: str) -> Path:
+        """Where the JSON result goes."""
+        if self.out:
+            return Path(self.out)
+        name = f"eval_{dataset}_{self.split}_{self.way}w{self.shot}s_seed{self.seed}.json"
+        return checkpoint.with_name(name)
+
+
+def run_eval(settings: EvalSettings) -> EvalResult:
+    """`fewshot eval`: load a checkpoint, evaluate on seeded episodes, print and write JSON."""
+    device = resolve_device(settings.device)
+    checkpoint = checkpoint_file(settings.checkpoint)
+    method, config = load_trained(checkpoint, device)
+    dataset = settings.dataset or config["dataset"]
+    record = {"checkpoint": str(checkpoint), "dataset": dataset, "split": settings.split}
+    precision = precision_name(settings.amp, device.type)
+    record.update(cache=settings.cache, precision=precision)
+    record.update(episodes=settings.episodes, way=settings.way, shot=settings.shot)
+    record.update(query=settings.query, seed=settings.seed)
+    # Before the work: a result of other settings is kept unless --overwrite.
+    out = prepare_output(
+        settings.result_path(checkpoint, dataset), settings.overwrite, same_json(record)
+    )
+    method.check_way(settings.way)
+    split = load_split(dataset, settings.split, settings.data_root)
+    check_fits(config, split, checkpoint)
+    accuracies = settings.accuracies(method, split, device)
+    result = EvalResult.of(accuracies, settings.shape, settings.seed)
+    print(result.line())
+    record.update(asdict(result))
+    if settings.per_episode:
+        record["accuracies"] = accuracies.tolist()
+    atomic_write_json(record, out)
+    return result
+
+
+COMMANDS = [
+    Command(("eval",), "evaluate a checkpoint on seeded test episodes", (EvalSettings,), run_eval)
+]

@@ -1,0 +1,146 @@
+"""The contract of a `fewshot hpo` task: its settings' shared fields and checks, and `Task`.
+
+A task is one file: a settings dataclass (a subclass of `TaskSettings`, or of `HpoSettings` when
+it learns hyperparameters with one of `METHODS`), a `load` that reads the data (and puts it on
+the device), a `run` that takes a step callback, and a `Task` value naming the command, its
+result file and its report. `fewshot.hpo.cli` turns every registered `Task` into a command.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from fewshot.hpo.ensemble import StepCallback
+from fewshot.hpo.optimize import METHODS, OEHG_RESPLITS, Budget
+from fewshot.hpo.splits import MAX_RESPLITS, RESPLITS_LIMIT_REASON
+from fewshot.runtime.settings import SettingError, check_fields, seed_setting, setting
+
+
+@dataclass(frozen=True, kw_only=True)
+class TaskSettings:
+    """What every task has: a seed and an output folder, checked when built."""
+
+    seed: int = seed_setting(0, help="seed of the data draw, re-splits, model and mini-batches")
+    out: str = setting(help="folder for the results")
+    overwrite: bool = setting(False, help="replace results of other settings in --out")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if not self.out.strip():
+            raise SettingError("out", "must name a folder")
+
+
+@dataclass(frozen=True, kw_only=True)
+class HpoSettings(TaskSettings):
+    """The fields and checks of a task that learns hyperparameters with `optimize`.
+
+    Subclasses declare `outer_steps` and `outer_step_count()` (their default budgets differ)
+    and may redeclare a field to change its default.
+    """
+
+    # False: RHG / T-RHG / AID see the original split only, so --resplits is OEHG's alone.
+    OFFLINE_RESPLITS: ClassVar[bool] = True
+
+    method: str = setting(help="hypergradient method", choices=METHODS)
+    resplits: int | None = setting(
+        None,
+        help=f"U, train/validation re-splits (default {OEHG_RESPLITS} for oehg, else 1)",
+        low=1,
+    )
+    data_root: str | None = setting(None, help="folder holding the data sets (default: data/)")
+    inner_steps: int = setting(128, help="K of RHG / T-RHG / AID", low=1)
+    truncate: int = setting(16, help="T-RHG window (trhg)", low=1)
+    solver_steps: int = setting(20, help="Z for AID (aid-fp, aid-cg)", low=1)
+    outer_lr: float = setting(0.01, help="Adam on the hyperparameters", above=0)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.resplits is not None and self.resplits > MAX_RESPLITS:
+            raise SettingError(
+                "resplits",
+                f"must be <= {MAX_RESPLITS}, got {self.resplits}: {RESPLITS_LIMIT_REASON}",
+            )
+        if not self.OFFLINE_RESPLITS and self.method != "oehg" and self.resplits not in (None, 1):
+            raise SettingError(
+                "resplits",
+                f"applies to oehg only ({self.method} uses the original split), "
+                f"got {self.resplits}",
+            )
+        # Only T-RHG reads the window: other methods run with any inner_steps.
+        if self.method == "trhg" and self.truncate > self.inner_steps:
+            raise SettingError(
+                "truncate", f"must be <= inner_steps ({self.inner_steps}), got {self.truncate}"
+            )
+
+    def resplit_count(self) -> int:
+        """U: `resplits` if given, else OEHG's default for oehg and 1 for the other methods."""
+        if self.resplits is not None:
+            return self.resplits
+        return OEHG_RESPLITS if self.method == "oehg" else 1
+
+    def outer_step_count(self) -> int:
+        """T, the task's default when `outer_steps` is not given."""
+        raise NotImplementedError
+
+    def budget(self) -> Budget:
+        """The step counts of the run."""
+        steps = self.outer_step_count()
+        return Budget(steps, self.inner_steps, self.truncate, self.solver_steps)
+
+
+# Settings that do not change a result: where it goes and where the data and work are.
+_NOT_IDENTITY = frozenset({"out", "overwrite", "data_root", "device"})
+
+
+def identity(settings: dict) -> dict:
+    """The settings that decide a result, as they read back from its JSON file."""
+    kept = {k: v for k, v in settings.items() if k not in _NOT_IDENTITY}
+    return json.loads(json.dumps(kept))
+
+
+def holds_result_of(settings: TaskSettings) -> Callable[[Path], bool]:
+    """For `prepare_output`: whether a result JSON was written with these very settings."""
+    wanted = identity(asdict(settings))
+
+    def holds(path: Path) -> bool:
+        try:
+            old = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ValueError, RecursionError):
+            return False
+        return (
+            isinstance(old, dict)
+            and isinstance(old.get("settings"), dict)
+            and (identity(old["settings"]) == wanted)
+        )
+
+    return holds
+
+
+def run_stem(prefix: str, dataset: str, model: str, method: str, seed: int) -> str:
+    """The shared file-name pattern of one run: PREFIX + DATASET_MODEL_METHOD_seedS."""
+    return f"{prefix}{dataset}_{model}_{method}_seed{seed}"
+
+
+@dataclass(frozen=True)
+class Task:
+    """One `fewshot hpo NAME` command.
+
+    load(settings) -> data; run(settings, data, on_step) -> result; steps(settings): the outer
+    steps on_step counts (None: no progress bar); outputs(settings) -> the files it writes, the
+    JSON result (holding the settings) first; write(settings, result, outputs);
+    report(settings, result) -> the lines printed.
+    """
+
+    name: str
+    help: str
+    settings: type[TaskSettings]
+    load: Callable[[Any], Any]
+    run: Callable[[Any, Any, StepCallback | None], Any]
+    steps: Callable[[Any], int | None]
+    outputs: Callable[[Any], list[Path]]
+    write: Callable[[Any, Any, list[Path]], None]
+    report: Callable[[Any, Any], list[str]]

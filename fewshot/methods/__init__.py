@@ -1,0 +1,47 @@
+"""What trains and evaluates an episode: the method interface, its registry, EHG re-splits.
+
+A method is registered under a name with a builder `(settings, **method_options) -> Method`,
+where `settings` is a run's settings as a dict (with the data's `in_channels` and `image_size`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fewshot.methods.adaptation import VARIANTS, AdaptationMethod, adaptation_builder
+from fewshot.methods.base import Method
+from fewshot.methods.embedding import EmbeddingMethod, build_embedding_method
+
+MethodBuilder = Callable[..., Method]
+
+METHODS: dict[str, MethodBuilder] = {}
+
+
+def register_method(name: str, builder: MethodBuilder) -> None:
+    """Make a method available to the settings (`--method NAME`), training and evaluation."""
+    METHODS[name] = builder
+
+
+def method_names() -> list[str]:
+    """The registered method names (for the settings' choices)."""
+    return list(METHODS)
+
+
+def build_method(settings: dict) -> Method:
+    """The method a run's settings describe (keys method, method_options and the method's own)."""
+    builder = METHODS[settings["method"]]
+    return builder(settings, **settings["method_options"])
+
+
+register_method("embedding", build_embedding_method)
+for _variant in VARIANTS:
+    register_method(_variant, adaptation_builder(_variant))
+
+__all__ = [
+    "METHODS",
+    "AdaptationMethod",
+    "EmbeddingMethod",
+    "Method",
+    "build_method",
+    "register_method",
+]

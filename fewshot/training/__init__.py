@@ -1,0 +1,1 @@
+"""Episodic meta-training: settings, the trainer and its resumable state, checkpoints."""
