@@ -1,0 +1,296 @@
+"""The README's `fewshot` commands: every one parses and builds, and "Using it" runs end to end."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+
+from fewshot.cli.main import COMMANDS, build_parser, main
+
+REPO = Path(__file__).resolve().parents[1]
+README = (REPO / "README.md").read_text()
+SHELL_FENCES = {"bash", "sh", "shell"}
+
+# Placeholders of the README, as a whole argument or a path's first component, and what they
+# stand for here (run in a folder that holds `models` and a tiny trained run in runs/omni).
+PLACEHOLDERS = {
+    "REPO": ".",
+    "DATA": "data",
+    "DIR": "runs/omni",
+    "RUN_FOLDER": "runs/omni",
+    "A": "runs/omni/best.pt",
+    "B": "runs/omni/last.pt",
+    "W": "20",
+    "K": "5",
+}
+# Inline spans that name a command with one of its flags but are not meant to be run.
+FRAGMENTS = {"fewshot eval --per-episode", "fewshot hpo NAME"}
+# Every command path and every group above one ("hpo"), longest first.
+NAMES = sorted(
+    {c.path[:depth] for c in COMMANDS for depth in range(1, len(c.path) + 1)}, key=len, reverse=True
+)
+MUST_APPEAR = [
+    ("train",),
+    ("eval",),
+    ("compare",),
+    ("compare-seeds",),
+    ("plot",),
+    ("hpo", "regularization"),
+    ("hpo", "cleaning"),
+    ("hpo", "bias-variance"),
+]
+TINY_TRAIN = [
+    "--epochs", "1", "--episodes-per-epoch", "2", "--episodes-per-batch", "1",
+    "--val-episodes", "2", "--way", "5", "--query", "2", "--device", "cpu",
+]  # fmt: skip
+TINY_EPISODES = ["--episodes", "4", "--device", "cpu"]
+RUN_FILES = ("best.pt", "last.pt", "metrics.jsonl", "config.json")
+
+
+class Command(NamedTuple):
+    """One `fewshot` command of the README: where it is, how it is launched, its arguments."""
+
+    line: int  # 1-based line of the README where it starts
+    block: int | None  # line of the opening fence of its shell block, None outside one
+    launcher: str | None  # "torchrun" for `torchrun ... -m fewshot ...`, else None
+    argv: list[str]  # the arguments after `fewshot`, placeholders in place
+
+    @property
+    def path(self) -> tuple[str, ...]:
+        """The command (or group) the arguments start with, e.g. ("hpo", "cleaning")."""
+        return next((n for n in NAMES if tuple(self.argv[: len(n)]) == n), ())
+
+    @property
+    def id(self) -> str:
+        return f"line{self.line}-{'-'.join(self.path) or 'unknown'}"
+
+
+def code_lines(lines: list[str]) -> list[tuple[int, int | None, str]]:
+    """(line number, opening fence line or None, text) of every shell line: in a bash fence, or
+    in an indented code block outside fences, backslash continuations joined."""
+    found, fence, fence_line, pending = [], None, None, None
+    for number, line in enumerate(lines, 1):
+        if line.lstrip().startswith("```"):
+            fence = None if fence is not None else line.strip()[3:].strip()
+            fence_line = number if fence is not None else None
+            continue
+        previous = lines[number - 2] if number > 1 else ""
+        indented = fence is None and line.startswith("    ") and line.strip() != ""
+        indented = indented and (previous.strip() == "" or pending is not None)
+        if fence not in SHELL_FENCES and not indented:
+            continue
+        text = line.strip()
+        if pending is not None:
+            start, block, head = pending
+            text, pending = f"{head} {text}", None
+        else:
+            start, block = number, fence_line
+        if text.endswith("\\"):
+            pending = (start, block, text[:-1].rstrip())
+            continue
+        found.append((start, block, text))
+    return found
+
+
+def fewshot_argv(text: str) -> tuple[str | None, list[str]] | None:
+    """(launcher, arguments after `fewshot`) of a shell line that runs fewshot, else None."""
+    if not re.match(r"(fewshot|torchrun|python3? -m fewshot)\s", text):
+        return None
+    tokens = shlex.split(text, comments=True)
+    if tokens[0] == "fewshot":
+        return None, tokens[1:]
+    for i in range(len(tokens) - 1):
+        if tokens[i : i + 2] == ["-m", "fewshot"]:
+            return (tokens[0] if tokens[0] == "torchrun" else None), tokens[i + 2 :]
+    return None
+
+
+def substitute(argv: list[str]) -> list[str]:
+    """The README's placeholders replaced by paths and values of this test."""
+    out = []
+    for token in argv:
+        head, sep, rest = token.partition("/")
+        out.append(PLACEHOLDERS[head] + sep + rest if head in PLACEHOLDERS else token)
+    return out
+
+
+def prose(text: str, skip: set[int] = frozenset()) -> str:
+    """The text with fenced blocks (fences included) and the lines in skip blanked out."""
+    fenced, kept = False, []
+    for number, line in enumerate(text.splitlines(), 1):
+        fence = line.lstrip().startswith("```")
+        fenced = fenced != fence
+        kept.append("" if fenced or fence or number in skip else line)
+    return "\n".join(kept)
+
+
+def readme_commands(text: str = README) -> list[Command]:
+    """Every `fewshot` command of the README, in order: shell blocks, indented code lines and
+    inline `fewshot ...` spans that give arguments (the bare command names are prose)."""
+    commands = []
+    code = code_lines(text.splitlines())
+    for number, block, line in code:
+        parsed = fewshot_argv(line)
+        if parsed:
+            commands.append(Command(number, block, parsed[0], substitute(parsed[1])))
+    # Inline spans, in the text left after fenced blocks and code lines are blanked out.
+    skip = {number for number, _, _ in code}
+    prose_text = prose(text, skip)
+    for m in re.finditer(r"`([^`]+)`", prose_text):
+        span = " ".join(m.group(1).split())
+        if not span.startswith("fewshot ") or span in FRAGMENTS:
+            continue
+        command = Command(prose_text.count("\n", 0, m.start()) + 1, None, None, span.split()[1:])
+        if len(command.argv) > len(command.path):  # more than a command's name
+            commands.append(command._replace(argv=substitute(shlex.split(span)[1:])))
+    return sorted(commands, key=lambda c: c.line)
+
+
+def using_it_block(commands: list[Command]) -> list[Command]:
+    """The commands of the first shell block under "## Using it"."""
+    lines = README.splitlines()
+    start = lines.index("## Using it")
+    fence = next(n for n, line in enumerate(lines[start:], start + 1) if line.strip() == "```bash")
+    return [c for c in commands if c.block == fence]
+
+
+COMMANDS_OF_README = readme_commands()
+
+
+def tiny_run(folder: Path, data_root: Path) -> None:
+    """A few-step training run into folder."""
+    argv = ["train", *TINY_TRAIN, "--out", str(folder), "--data-root", str(data_root)]
+    assert main(argv) == 0
+
+
+@pytest.fixture(scope="module")
+def readme_dir(tmp_path_factory, tiny_omniglot_root):
+    """A working folder for the README's relative paths: `models` from the repository and a
+    tiny trained run in runs/omni (what --resume and the checkpoint placeholders point at)."""
+    folder = tmp_path_factory.mktemp("readme")
+    (folder / "models").symlink_to(REPO / "models")
+    tiny_run(folder / "runs" / "omni", tiny_omniglot_root)
+    return folder
+
+
+def test_extractor_finds_every_kind_of_command():
+    paths = [c.path for c in COMMANDS_OF_README]
+    missing = [" ".join(p) for p in MUST_APPEAR if p not in paths]
+    assert not missing, f"README commands not found by the extractor: {missing}"
+    assert len(COMMANDS_OF_README) >= 12
+    # One of each source: a continued shell line, an indented code line, an inline span.
+    first = next(c for c in COMMANDS_OF_README if c.block is not None)
+    assert first.path == ("train",) and "--config" in first.argv and "--out" in first.argv
+    hpo = [c for c in COMMANDS_OF_README if c.path == ("hpo", "regularization")]
+    assert hpo and hpo[0].argv[-2:] == ["--out", "runs/hpo"]
+    assert any(c.block is None and c.path == ("hpo", "bias-variance") for c in COMMANDS_OF_README)
+    assert [c.launcher for c in COMMANDS_OF_README].count("torchrun") >= 1
+
+
+def test_extractor_joins_continuations_and_drops_comments():
+    text = "\n".join(
+        [
+            "Run it:",
+            "",
+            "```bash",
+            "# a comment line",
+            "fewshot train --way 5 \\",
+            "    --shot 1   # trailing comment",
+            "torchrun --nproc-per-node 2 -m fewshot eval --checkpoint DIR/best.pt",
+            "```",
+            "",
+            "      fewshot plot RUN_FOLDER --out c.png",
+            "",
+            "Prose with `fewshot train` and `fewshot eval --per-episode` and `fewshot hpo",
+            "bias-variance --resplits 1 2`.",
+        ]
+    )
+    found = [(c.line, c.block, c.launcher, c.argv) for c in readme_commands(text)]
+    assert found == [
+        (5, 3, None, ["train", "--way", "5", "--shot", "1"]),
+        (7, 3, "torchrun", ["eval", "--checkpoint", "runs/omni/best.pt"]),
+        (10, None, None, ["plot", "runs/omni", "--out", "c.png"]),
+        (12, None, None, ["hpo", "bias-variance", "--resplits", "1", "2"]),
+    ]
+
+
+def test_fragments_are_still_in_the_readme():
+    spans = {" ".join(s.split()) for s in re.findall(r"`([^`]+)`", prose(README))}
+    assert spans >= FRAGMENTS, "drop the FRAGMENTS entries that the README no longer has"
+
+
+@pytest.mark.parametrize("command", COMMANDS_OF_README, ids=lambda c: c.id)
+def test_readme_command_builds(command, readme_dir, monkeypatch):
+    monkeypatch.chdir(readme_dir)
+    unknown = [t for t in command.argv if re.fullmatch(r"[A-Z][A-Z_]*", t.partition("/")[0])]
+    assert not unknown, f"README line {command.line}: unknown placeholders {unknown}"
+    try:
+        args = build_parser().parse_args(command.argv)
+    except SystemExit:  # argparse printed why
+        pytest.fail(f"README line {command.line}: fewshot {shlex.join(command.argv)} is refused")
+    assert args._command.path == command.path
+    settings = args._command.build_settings(args)  # a FewshotError names the bad value
+    assert [type(s) for s in settings] == list(args._command.settings)
+
+
+@pytest.mark.slow
+def test_using_it_runs_end_to_end(tmp_path, tiny_omniglot_root, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEWSHOT_DATA", str(tiny_omniglot_root))
+    (tmp_path / "models").symlink_to(REPO / "models")
+    block = using_it_block(COMMANDS_OF_README)
+    assert [c.path for c in block if c.launcher is None] == [
+        ("train",),
+        ("train",),
+        ("eval",),
+        ("train",),
+        ("compare",),
+        ("compare-seeds",),
+        ("plot",),
+    ]
+    first_train = block[0].argv
+    runs: list[Path] = []
+    for command in block:
+        if command.launcher == "torchrun":
+            continue  # several processes: tests/test_distributed.py
+        args = build_parser().parse_args(command.argv)
+        *_, settings = args._command.build_settings(args)
+        name, resume = command.path[0], getattr(args, "resume", None)
+        extra = {"eval": TINY_EPISODES, "compare": TINY_EPISODES, "compare-seeds": TINY_EPISODES}
+        extra |= {"train": ["--epochs", "2"] if resume else TINY_TRAIN}
+        if name == "train" and not resume:
+            runs.append(Path(settings.out))
+        elif name == "compare-seeds":  # the seeds' runs: the README's first train, U = 1 and 5
+            for arm, resplits in ((settings.a, "1"), (settings.b, "5")):
+                for seed, folder in enumerate(arm):
+                    argv = [*first_train, *TINY_TRAIN, "--seed", str(seed), "--out", folder]
+                    assert main([*argv, "--resplits", resplits]) == 0, folder
+                    runs.append(Path(folder))
+        capsys.readouterr()
+        assert main([*command.argv, *extra.get(name, [])]) == 0, f"README line {command.line}"
+        out = capsys.readouterr().out
+        if name == "train" and resume:
+            metrics = Path(resume).parent / "metrics.jsonl"
+            assert [json.loads(r)["epoch"] for r in metrics.read_text().splitlines()] == [1, 2]
+        elif name == "eval":  # the JSON result next to the checkpoint
+            checkpoint = Path(settings.checkpoint)
+            (result,) = checkpoint.parent.glob("eval_*.json")
+            record = json.loads(result.read_text())
+            assert record["episodes"] == 4 and record["checkpoint"] == str(checkpoint)
+            assert (record["way"], record["shot"], record["query"]) == (5, 1, 15)
+            assert f"accuracy: {record['accuracy']:.2f} ± {record['ci95']:.2f} %" in out
+        elif name in ("compare", "compare-seeds"):
+            assert "B - A: " in out
+        elif name == "plot":
+            assert Path(settings.out).read_bytes().startswith(b"\x89PNG")
+    assert len(runs) == 8
+    for run in runs:
+        missing = [f for f in RUN_FILES if not (run / f).is_file()]
+        assert not missing, f"{run} lacks {missing}"
+    resplits = [json.loads((run / "config.json").read_text())["resplits"] for run in runs]
+    assert resplits == [1, 5, 1, 1, 1, 5, 5, 5]
