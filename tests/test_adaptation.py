@@ -280,3 +280,23 @@ def test_a_diverging_inner_loop_stops_the_run_in_one_line(
     args = [*TRAIN, "--method", "maml", "--method-options", '{"inner_steps": 5, "inner_lr": 1e30}']
     assert main([*args, "--epochs", "1", "--out", str(tmp_path / "run")]) == 2
     assert "non-finite" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("variant", ["maml", "fomaml"])
+def test_maml_agrees_with_learn2learn(variant):
+    l2l = pytest.importorskip("learn2learn")
+    model = method(variant, inner_steps=2, inner_lr=0.3)
+    images = episodes()
+    reference = l2l.algorithms.MAML(model.network, lr=0.3, first_order=variant == "fomaml")
+    support_labels = torch.arange(WAY).repeat_interleave(SHOT)
+    query_labels = torch.arange(WAY).repeat_interleave(QUERY)
+    model.zero_grad()
+    total = 0
+    for episode in images:
+        learner = reference.clone()
+        for _ in range(2):
+            learner.adapt(F.cross_entropy(learner(episode[:, :SHOT].flatten(0, 1)), support_labels))
+        total = total + F.cross_entropy(learner(episode[:, SHOT:].flatten(0, 1)), query_labels)
+    (total / len(images)).backward()
+    theirs = {k: p.grad.clone() for k, p in model.named_parameters()}
+    assert_close(meta_gradient(model, images), theirs, 1e-6)
