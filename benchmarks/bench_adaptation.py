@@ -20,6 +20,7 @@ import torch
 
 from fewshot.methods import build_method
 from fewshot.methods.resplit import draw_resplits
+from fewshot.runtime.device import DEVICES, resolve_device
 from fewshot.training.settings import TrainSettings
 
 OPTIONS = {
@@ -31,11 +32,13 @@ OPTIONS = {
 
 
 def step_seconds(method, images, resplits, shot: int) -> float:
-    """Seconds of one meta-gradient (forward and backward)."""
+    """Seconds of one meta-gradient (forward and backward), the device synchronised."""
     start = time.perf_counter()
     method.zero_grad(set_to_none=True)
     loss, _ = method(images, resplits, shot)
     loss.backward()
+    if images.is_cuda:
+        torch.cuda.synchronize()
     return time.perf_counter() - start
 
 
@@ -49,19 +52,21 @@ def main() -> None:
     parser.add_argument("--query", type=int, default=15)
     parser.add_argument("--resplits", type=int, default=5, help="U of the EHG arm")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per arm")
+    parser.add_argument("--device", default="auto", choices=DEVICES)
     args = parser.parse_args()
+    device = resolve_device(args.device)
     generator = torch.Generator().manual_seed(0)
     pool = args.shot + args.query
-    images = torch.randn(args.batch, args.way, pool, 1, 28, 28, generator=generator)
+    images = torch.randn(args.batch, args.way, pool, 1, 28, 28, generator=generator).to(device)
     shape = f"{args.way}-way {args.shot}-shot"
-    print(f"{torch.get_num_threads()} threads, {args.batch} episodes of {shape}")
+    print(f"{device} ({torch.get_num_threads()} threads), {args.batch} episodes of {shape}")
     print(f"{'method':8} {'U=1 s':>8} {f'U={args.resplits} s':>8} {'ratio':>6}")
     for name in args.methods:
         settings = TrainSettings(
             method=name, way=args.way, val_way=args.way, shot=args.shot, query=args.query,
             amp="off", backbone_options={"downsample": "stride"}, method_options=OPTIONS[name],
         )  # fmt: skip
-        method = build_method({**asdict(settings), "in_channels": 1, "image_size": 28})
+        method = build_method({**asdict(settings), "in_channels": 1, "image_size": 28}).to(device)
         times: dict[int, list[float]] = {1: [], args.resplits: []}
         for repeat in range(args.repeats + 1):  # the first round warms up
             for u in times:

@@ -81,7 +81,7 @@ def main() -> None:
     parser.add_argument("--backbones", default="conv4,resnet12")
     parser.add_argument("--heads", default="protonet,ridge,svm")
     parser.add_argument("--shots", default="1,5")
-    parser.add_argument("--splits", default="1,2,5,10")
+    parser.add_argument("--resplits", default="1,2,5,10", help="the U values")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-naive", action="store_true", help="skip the naive baseline")
     parser.add_argument("--device", default="auto")
@@ -101,7 +101,7 @@ def main() -> None:
         for head in args.heads.split(","):
             for shot in map(int, args.shots.split(",")):
                 base = None
-                for u in map(int, args.splits.split(",")):
+                for u in map(int, args.resplits.split(",")):
                     config = TrainSettings(
                         dataset="miniimagenet",  # a stand-in: the splits are given
                         amp="off",  # float32: bench_precision compares precisions

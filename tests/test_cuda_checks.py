@@ -1,0 +1,32 @@
+"""benchmarks/cuda_checks.sh runs end to end on the CPU at tiny sizes (--smoke), so a lent GPU's
+few minutes are not spent finding the script broken."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PARTS = ["pytest_cuda", "bench_throughput", "bench_ehg", "bench_precision", "bench_adaptation"]
+
+
+@pytest.mark.slow
+def test_the_gpu_script_runs_every_part_at_smoke_size(tmp_path):
+    env = {"PYTHON": sys.executable, "PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run(
+        ["bash", "benchmarks/cuda_checks.sh", "--smoke", str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    summary = (tmp_path / "summary.txt").read_text()
+    assert result.returncode == 0, summary
+    for part in PARTS:
+        assert f"{part}: exit 0" in summary
+        assert (tmp_path / f"{part}.txt").stat().st_size > 0
+    assert "ratio" in (tmp_path / "bench_adaptation.txt").read_text()
