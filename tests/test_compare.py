@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,21 @@ def test_plot_draws_real_learning_curves(runs, tmp_path, capsys):
     bad.write_text('{"epoch": 1}\n')
     assert main(["plot", str(tmp_path), "--out", str(tmp_path / "x.png")]) == 2
     assert "line 1: not a metrics row" in capsys.readouterr().err
+
+
+def test_plot_on_a_full_disk_keeps_the_previous_image(tmp_path, capsys, monkeypatch):
+    zoo = REPO / "experiments" / "omniglot_zoo" / "protonet_conv4_trainval.metrics.jsonl"
+    out = tmp_path / "curves.png"
+    out.write_bytes(b"the previous image")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)  # the write of the new image fails as on a full disk
+    assert main(["plot", str(zoo), "--out", str(out), "--overwrite"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith(
+        f"cannot write {out}: No space left on device; the previous curves.png is intact"
+    )
+    assert out.read_bytes() == b"the previous image"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["curves.png"]  # no temporary left
