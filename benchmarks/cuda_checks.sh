@@ -10,6 +10,7 @@
 # part on the CPU at tiny sizes: a test of this script, so nothing is first found broken on a GPU.
 set -uo pipefail
 smoke=0
+scale=1 # x5 with --smoke: a loaded CPU is slower than a GPU, and the limits are not what it tests
 if [ "${1:-}" = "--smoke" ]; then
     smoke=1
     scale=5
@@ -20,7 +21,6 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 python=${PYTHON:-python3}
 failed=0
-scale=1 # x5 with --smoke: a loaded CPU is slower than a GPU, and the limits are not what it tests
 
 # part NAME SECONDS COMMAND...: one part under its own limit, its output in OUT_DIR/NAME.txt.
 part() {
