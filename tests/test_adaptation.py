@@ -47,12 +47,12 @@ def meta_gradient(model: AdaptationMethod, images, resplits=None) -> dict:
 def unrolled(model: AdaptationMethod, images, steps: int, lr: float, head_only=False, first=False):
     """Reference: every episode adapted by its own explicit autograd loop, the query losses
     averaged and differentiated with respect to every parameter. With `head_only` (ANIL) the
-    classifier adapts on embeddings of the whole batch, computed in one backbone pass."""
+    classifier adapts on embeddings of the episode's pool, computed in one backbone pass."""
     params = dict(model.named_parameters())
     support_labels = torch.arange(WAY).repeat_interleave(SHOT)
     query_labels = torch.arange(WAY).repeat_interleave(QUERY)
     if head_only:
-        inputs = model.network.backbone(images.flatten(0, 2)).view(*images.shape[:3], -1)
+        inputs = [model.network.backbone(e.flatten(0, 1)).view(*e.shape[:2], -1) for e in images]
         prefix = "network.classifier."
 
         def logits(weights, x):

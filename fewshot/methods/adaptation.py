@@ -4,7 +4,7 @@ first-order MAML, ANIL and iMAML.
 Their meta-gradients come from the hypergradient engine (`fewshot.hpo.hypergrad`) with the
 initialisation as the outer variable: MAML is RHG through the K inner steps, first-order MAML
 is RHG without the second-order terms, ANIL is MAML on the linear classifier over embeddings
-computed once, iMAML is AID-CG on the proximally regularised inner problem.
+computed once per episode, iMAML is AID-CG on the proximally regularised inner problem.
 
 All U*B problems of a step (B episodes, U re-splits each) adapt at once: the adapted parameters
 carry a leading problem axis and `torch.func.vmap` runs `functional_call` per problem. BatchNorm
@@ -146,8 +146,14 @@ class AdaptationMethod(Method):
         """lam (the initialisation, and ANIL's embeddings), the train and validation data."""
         lam: dict = {"init": dict(self.adapted().named_parameters())}
         if self.variant == "anil":
+            # Each episode's pool in one backbone pass (its BatchNorm statistics, as learn2learn's
+            # ANIL), shared by the episode's U re-splits. A loop: on a CPU, 1.8-2.4x faster than
+            # vmap or one pass over the whole batch (measured on Conv-4, 32 episodes).
             b, way, pool = images.shape[:3]
-            features = self._run(self.network.backbone, images.flatten(0, 2))
+            backbone = self.network.backbone
+            features = self._run(
+                lambda x: torch.stack([backbone(e) for e in x]), images.flatten(1, 2)
+            )
             support, query, ys, yq = _split(features.view(b, way, pool, -1), resplits, shot)
             lam.update(support=support, query=query)
             return lam, (None, ys), (None, yq), len(support)
