@@ -56,6 +56,6 @@ def test_bench_ehg_steps(monkeypatch, capsys):
         capsys,
         bench_ehg,
         *("--backbones", "conv4", "--heads", "protonet", "--shots", "1"),
-        *("--splits", "1,2", "--repeats", "1", "--no-naive", "--device", "cpu"),
+        *("--resplits", "1,2", "--repeats", "1", "--no-naive", "--device", "cpu"),
     )
     assert re.search(r"conv4 +protonet +1 +2 ", out)

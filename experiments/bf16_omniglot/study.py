@@ -121,7 +121,7 @@ def part_heads(args: argparse.Namespace) -> dict:
     """Part 2: ridge and SVM runs of ../ehg_seeds in float32 and bf16, paired by seed."""
     torch.set_num_threads(1)  # as the float32 runs of ../ehg_seeds
     splits = {"test": load_split("omniglot", "test")}
-    common = ["--heads", args.heads, "--splits", "1", "--seeds", args.seeds]
+    common = ["--heads", args.heads, "--resplits", "1", "--seeds", args.seeds]
     arms = {
         amp: seeds.parse_args([*common, "--amp", amp, "--runs", runs])
         for amp, runs in (("off", args.seed_runs), ("bf16", args.runs))

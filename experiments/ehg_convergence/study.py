@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--python", default=sys.executable, help="interpreter running the CLI")
     parser.add_argument("--cli-dir", default=".", help="working folder of the CLI (its fewshot)")
     parser.add_argument("--heads", default="protonet,ridge", help="comma-separated heads")
-    parser.add_argument("--splits", default="1,5", help="U values, the baseline first")
+    parser.add_argument("--resplits", default="1,5", help="U values, the baseline first")
     parser.add_argument("--seeds", default="0,1,2,3,4", help="training seeds of every head")
     parser.add_argument(
         "--head-seeds",
@@ -137,7 +137,7 @@ def test_flags(args: argparse.Namespace, way: int) -> list[str]:
 
 def seeds_file(args: argparse.Namespace, head: str, u: int, way: int, seeds: list[int]) -> Path:
     """The cached `compare-seeds` JSON of U vs the baseline on one test way."""
-    base = ints(args.splits)[0]
+    base = ints(args.resplits)[0]
     tag = "-".join(map(str, seeds))
     name = f"{head}_U{u}-U{base}_{way}w1s_{args.test_episodes}ep_seed{args.test_seed}_s{tag}"
     return args.runs / "tests" / f"compare_seeds_{name}.json"
@@ -145,7 +145,7 @@ def seeds_file(args: argparse.Namespace, head: str, u: int, way: int, seeds: lis
 
 def pair_file(args: argparse.Namespace, head: str, u: int, way: int) -> Path:
     """The cached `compare` JSON of U vs the baseline for the paired seed."""
-    base = ints(args.splits)[0]
+    base = ints(args.resplits)[0]
     name = f"{head}_U{u}-U{base}_{way}w1s_{args.test_episodes}ep_seed{args.test_seed}"
     return args.runs / "tests" / f"compare_{name}_s{args.paired_seed}.json"
 
@@ -165,7 +165,7 @@ def jobs(args: argparse.Namespace) -> list[Job]:
     other with every U side by side; the paired seed's plot and per-episode comparisons right
     after its runs (a usable result early), the across-seed comparisons after the last run.
     With too little time, the last head loses seeds first."""
-    seeds, splits = head_seeds(args), ints(args.splits)
+    seeds, splits = head_seeds(args), ints(args.resplits)
     base, tested, ways = splits[0], splits[1:], ints(args.test_ways)
     order: list[Job] = []
 
@@ -312,7 +312,7 @@ def reach(rows: list[dict], threshold: float, episodes_per_epoch: int) -> int | 
 
 def collect(args: argparse.Namespace) -> dict:
     """Everything finished so far: runs, curves, time to accuracy and the cached tests."""
-    splits, thresholds = ints(args.splits), [float(x) for x in args.thresholds.split(",")]
+    splits, thresholds = ints(args.resplits), [float(x) for x in args.thresholds.split(",")]
     timeline = args.runs / "jobs.jsonl"
     timings = (
         [json.loads(line) for line in timeline.read_text().splitlines()]
@@ -355,7 +355,7 @@ def collect(args: argparse.Namespace) -> dict:
 def time_to_accuracy(args: argparse.Namespace, cells: dict, thresholds: list[float]) -> dict:
     """Per threshold and U: episodes to reach it, mean ± t over the seeds that reached it, and
     U - baseline paired over the seeds where both arms reached it."""
-    base = f"U{ints(args.splits)[0]}"
+    base = f"U{ints(args.resplits)[0]}"
     result: dict = {}
     for t in thresholds:
         key = f"{t:g}"
@@ -402,8 +402,8 @@ def correct(accuracies: list[float], way: int) -> list[int]:
 
 def tests(args: argparse.Namespace, head: str, seeds: list[int]) -> dict:
     """The cached compare-seeds / compare results of one head, per tested U and way."""
-    base, result = ints(args.splits)[0], {}
-    for u in ints(args.splits)[1:]:
+    base, result = ints(args.resplits)[0], {}
+    for u in ints(args.resplits)[1:]:
         for way in ints(args.test_ways):
             entry: dict = {}
             path = seeds_file(args, head, u, way, seeds)
@@ -454,7 +454,7 @@ def signed(d: dict | None) -> str:
 
 def markdown(args: argparse.Namespace, data: dict) -> str:
     """The tables of results.md."""
-    ways, base = ints(args.test_ways), ints(args.splits)[0]
+    ways, base = ints(args.test_ways), ints(args.resplits)[0]
     episodes = args.epochs * args.episodes_per_epoch
     precisions = sorted({str(r["precision"]) for r in data["runs"]})
     lines = [
@@ -580,7 +580,7 @@ def curves(args: argparse.Namespace, data: dict) -> None:
         if not any(r["head"] == head and r["finished"] for r in data["runs"]):
             continue
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-        for u in ints(args.splits):
+        for u in ints(args.resplits):
             runs = [r for r in data["runs"] if r["head"] == head and r["U"] == u and r["finished"]]
             if not runs:
                 continue

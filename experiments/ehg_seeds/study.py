@@ -48,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The study's settings (from the command line unless `argv` is given)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heads", default="protonet,ridge,svm", help="comma-separated heads")
-    parser.add_argument("--splits", default="1,5", help="U values for every head (1 first)")
+    parser.add_argument("--resplits", default="1,5", help="U values for every head (1 first)")
     parser.add_argument(
         "--extra", default="", help="more cells as HEAD:U, comma-separated (e.g. protonet:10)"
     )
@@ -81,7 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def cells(args: argparse.Namespace) -> list[tuple[str, int]]:
     """Every (head, U) cell: the grid heads x splits, then the extra cells."""
-    grid = [(h, int(u)) for h in args.heads.split(",") for u in args.splits.split(",")]
+    grid = [(h, int(u)) for h in args.heads.split(",") for u in args.resplits.split(",")]
     for item in filter(None, args.extra.split(",")):
         head, u = item.split(":")
         grid.append((head, int(u)))

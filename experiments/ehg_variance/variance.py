@@ -6,7 +6,7 @@ measure the variance (total, over all parameters) of their averaged gradient. Sa
 without replacement gives sigma^2 / U * (M - U) / (M - 1): the script prints both.
 
     python -m experiments.ehg_variance.variance \
-        [--checkpoint models/omniglot/protonet_conv4_1shot.pt] [--splits 1,2,5,10]
+        [--checkpoint models/omniglot/protonet_conv4_1shot.pt] [--resplits 1,2,5,10]
 
 from the repository root; --out defaults to experiments/ehg_variance/ehg_variance.json.
 """
@@ -50,7 +50,7 @@ def main() -> None:
     parser.add_argument("--episodes-per-batch", type=int, default=2)
     parser.add_argument("--pool-splits", type=int, default=64, help="M distinct splits")
     parser.add_argument("--draws", type=int, default=400)
-    parser.add_argument("--splits", default="1,2,5,10")
+    parser.add_argument("--resplits", default="1,2,5,10")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="experiments/ehg_variance/ehg_variance.json")
     args = parser.parse_args()
@@ -74,7 +74,7 @@ def main() -> None:
     print(f"{m} splits, per-split gradient variance (trace) {sigma2:.4g}, |mean| {mean.norm():.4g}")
     print(f"{'U':>3} {'measured':>10} {'sigma2/U*(M-U)/(M-1)':>22} {'ratio to U=1':>13}")
     rows, first = [], None
-    for u in map(int, args.splits.split(",")):
+    for u in map(int, args.resplits.split(",")):
         picks = torch.rand(args.draws, m, generator=gen).argsort(1)[:, :u]
         averages = grads[picks].mean(1)
         measured = float(((averages - mean) ** 2).sum(1).mean())

@@ -29,7 +29,7 @@ def main() -> None:
     """Train every (head, U) run, evaluate, and write the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heads", default="protonet,ridge")
-    parser.add_argument("--splits", default="1,5")
+    parser.add_argument("--resplits", default="1,5")
     parser.add_argument("--way", type=int, default=20)
     parser.add_argument("--query", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=4)
@@ -44,7 +44,7 @@ def main() -> None:
     cpu = torch.device("cpu")
     rows = []
     for head in args.heads.split(","):
-        for u in map(int, args.splits.split(",")):
+        for u in map(int, args.resplits.split(",")):
             config = TrainSettings(
                 dataset="omniglot",
                 backbone="conv4",
