@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -10,6 +12,8 @@ from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluation.episodes import episode_accuracies, evaluate
 from fewshot.methods.embedding import EmbeddingMethod
+from fewshot.runtime.io import load_checkpoint
+from fewshot.training.checkpoint import load_trained
 
 
 def small_split(omniglot_test, classes: int = 40) -> ImageSplit:
@@ -49,3 +53,19 @@ def test_same_seed_same_result_other_seed_other_episodes(omniglot_test):
     assert a == b
     assert a.line() == f"accuracy: {a.accuracy:.2f} ± {a.ci95:.2f} %"
     assert not torch.equal(c, episode_accuracies(model, split, shape, 30, 5, torch.device("cpu")))
+
+
+def test_a_checkpoint_of_the_earlier_setting_names_still_loads(tmp_path):
+    zoo = Path(__file__).resolve().parents[1] / "models" / "omniglot" / "protonet_conv4_1shot.pt"
+    ckpt = load_checkpoint(zoo)
+    config = dict(ckpt["config"])
+    config["ehg_splits"] = config.pop("resplits")  # U's name before it was `resplits`
+    for key in ("method", "method_options"):  # settings added since take their defaults
+        config.pop(key)
+    old = tmp_path / "old.pt"
+    torch.save({**ckpt, "config": config}, old)
+    model, settings = load_trained(old, torch.device("cpu"))
+    assert settings["resplits"] == ckpt["config"]["resplits"]
+    assert settings["method"] == "embedding"
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, ckpt["model"][key]), key

@@ -171,11 +171,17 @@ def make_config(config_file: str | None, flags: dict) -> TrainSettings:
     return build(TrainSettings, [*layers, ("flags", flags)])
 
 
+# Settings renamed since checkpoints were first written: older checkpoints still load.
+RENAMED = {"ehg_splits": "resplits"}
+
+
 def checkpoint_settings(ckpt: dict, path: str | Path) -> dict:
     """The TrainSettings saved in a checkpoint, checked; settings added since it was written
-    take their defaults (which reproduce how such runs behaved)."""
+    take their defaults (which reproduce how such runs behaved), renamed ones their new name."""
     config = ckpt.get("config")
     if not isinstance(config, dict):
         raise FewshotError(f"{path} is not a fewshot training checkpoint (it has no config)")
-    values = {k: v for k, v in config.items() if k not in ("in_channels", "image_size")}
+    values = {
+        RENAMED.get(k, k): v for k, v in config.items() if k not in ("in_channels", "image_size")
+    }
     return build(TrainSettings, [(f"checkpoint {path}", values)]).to_dict()
