@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from fewshot.hpo.ensemble import StepCallback
 from fewshot.hpo.optimize import METHODS, OEHG_RESPLITS, Budget
 from fewshot.hpo.splits import MAX_RESPLITS, RESPLITS_LIMIT_REASON
+from fewshot.runtime.io import atomic_write_json
 from fewshot.runtime.settings import SettingError, check_fields, seed_setting, setting
 
 
@@ -118,6 +119,11 @@ def holds_result_of(settings: TaskSettings) -> Callable[[Path], bool]:
         )
 
     return holds
+
+
+def write_json(settings: TaskSettings, result: Any, paths: list[Path]) -> None:
+    """`Task.write` of a task whose one output is its result dataclass as JSON."""
+    atomic_write_json(asdict(result), paths[0])
 
 
 def run_stem(prefix: str, dataset: str, model: str, method: str, seed: int) -> str:

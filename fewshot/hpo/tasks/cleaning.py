@@ -24,7 +24,7 @@ from fewshot.hpo.batches import Minibatches
 from fewshot.hpo.ensemble import StepCallback
 from fewshot.hpo.hypergrad import Bilevel
 from fewshot.hpo.optimize import OEHG_RESPLITS, optimize
-from fewshot.hpo.tasks.base import Task, run_stem
+from fewshot.hpo.tasks.base import Task, run_stem, write_json
 from fewshot.hpo.tasks.classifiers import (
     ClassifierSettings,
     classifier_logits,
@@ -42,7 +42,6 @@ from fewshot.hpo.tasks.cleaning_data import (
 from fewshot.hpo.tasks.image_data import load_image_dataset
 from fewshot.hpo.trees import Theta
 from fewshot.runtime.device import resolve_device
-from fewshot.runtime.io import atomic_write_json
 from fewshot.runtime.settings import SettingError, setting
 
 
@@ -269,11 +268,6 @@ def outputs(s: Settings) -> list[Path]:
     return [Path(s.out) / f"{result_stem(s.dataset, s.model, s.method, s.seed)}.json"]
 
 
-def write(s: Settings, result: CleaningResult, paths: list[Path]) -> None:
-    """The result as JSON."""
-    atomic_write_json(asdict(result), paths[0])
-
-
 def report(s: Settings, result: CleaningResult) -> list[str]:
     """The test accuracy, the cleaner's scores and the two retrained baselines."""
     return [
@@ -295,6 +289,6 @@ TASK = Task(
     run=run,
     steps=lambda s: s.outer_step_count(),
     outputs=outputs,
-    write=write,
+    write=write_json,
     report=report,
 )

@@ -25,7 +25,7 @@ from fewshot.hpo.ensemble import StepCallback
 from fewshot.hpo.hypergrad import Bilevel
 from fewshot.hpo.optimize import OEHG_RESPLITS, optimize
 from fewshot.hpo.splits import make_splits
-from fewshot.hpo.tasks.base import Task, run_stem
+from fewshot.hpo.tasks.base import Task, run_stem, write_json
 from fewshot.hpo.tasks.classifiers import (
     ClassifierSettings,
     classifier_logits,
@@ -36,7 +36,6 @@ from fewshot.hpo.tasks.image_data import IMAGE_DATASETS, flat_pixels, load_image
 from fewshot.hpo.trees import Theta
 from fewshot.runtime.device import resolve_device
 from fewshot.runtime.errors import FewshotError
-from fewshot.runtime.io import atomic_write_json
 from fewshot.runtime.settings import setting
 
 
@@ -186,11 +185,6 @@ def outputs(s: Settings) -> list[Path]:
     return [Path(s.out) / f"{result_stem(s.dataset, s.model, s.method, s.seed)}.json"]
 
 
-def write(s: Settings, result: ImageRegularizationResult, paths: list[Path]) -> None:
-    """The result as JSON."""
-    atomic_write_json(asdict(result), paths[0])
-
-
 def report(s: Settings, result: ImageRegularizationResult) -> list[str]:
     """The deployed model's test loss and accuracy."""
     return [f"test loss: {result.test_loss:.4f}", f"test accuracy: {result.test_accuracy:.2f} %"]
@@ -204,6 +198,6 @@ TASK = Task(
     run=run,
     steps=lambda s: s.outer_step_count(),
     outputs=outputs,
-    write=write,
+    write=write_json,
     report=report,
 )
