@@ -1,6 +1,6 @@
 """EHG to convergence: Omniglot, Conv-4, ProtoNet and ridge, U = 1 vs 5, several training seeds.
 
-Every (head, U, seed) model is trained with the episode shape of experiments/ehg_seeds
+Every (method, U, seed) model is trained with the episode shape of experiments/ehg_seeds
 (20-way 1-shot 5-query, 2 episodes per step) on a budget long enough for validation accuracy to
 plateau, Adam 1e-3 halved at mid-run; best.pt (best 5-way validation) is tested on the same
 seeded 5-way and 20-way 1-shot test episodes. U5 - U1 is measured across seeds with
@@ -31,7 +31,19 @@ from pathlib import Path
 
 # The U flag of `fewshot train`, in one place: the library may rename it.
 EHG_FLAG = "--resplits"
-HEAD_NAMES = {"protonet": "ProtoNet", "ridge": "ridge"}
+# Every method a study can train: its name in tables, and the `fewshot train` flags picking it.
+# The adaptation methods run the MAML paper's Omniglot setting: stride-2 Conv-4, one inner step
+# of 0.4 in training, three at test time.
+MAML_SETTING = [
+    "--backbone-options", json.dumps({"downsample": "stride"}),
+    "--method-options", json.dumps({"inner_steps": 1, "inner_lr": 0.4, "eval_inner_steps": 3}),
+]  # fmt: skip
+METHODS = {
+    "protonet": ("ProtoNet", ["--head", "protonet"]),
+    "ridge": ("ridge", ["--head", "ridge"]),
+    "anil": ("ANIL", ["--method", "anil", *MAML_SETTING]),
+    "maml": ("MAML", ["--method", "maml", *MAML_SETTING]),
+}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,13 +51,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--python", default=sys.executable, help="interpreter running the CLI")
     parser.add_argument("--cli-dir", default=".", help="working folder of the CLI (its fewshot)")
-    parser.add_argument("--heads", default="protonet,ridge", help="comma-separated heads")
+    parser.add_argument("--methods", default="protonet,ridge", help="comma-separated methods")
     parser.add_argument("--resplits", default="1,5", help="U values, the baseline first")
-    parser.add_argument("--seeds", default="0,1,2,3,4", help="training seeds of every head")
+    parser.add_argument("--seeds", default="0,1,2,3,4", help="training seeds of every method")
     parser.add_argument(
-        "--head-seeds",
+        "--method-seeds",
         default="",
-        help="per-head seeds overriding --seeds, e.g. 'protonet=0,1,2,3;ridge=0,1,2'",
+        help="per-method seeds overriding --seeds, e.g. 'protonet=0,1,2,3;ridge=0,1,2'",
     )
     parser.add_argument("--way", type=int, default=20, help="training way")
     parser.add_argument("--query", type=int, default=5, help="training queries per class")
@@ -80,18 +92,18 @@ def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
-def head_seeds(args: argparse.Namespace) -> dict[str, list[int]]:
-    """The training seeds of every head."""
-    seeds = {head: ints(args.seeds) for head in args.heads.split(",")}
-    for item in filter(None, args.head_seeds.split(";")):
-        head, values = item.split("=")
-        seeds[head] = ints(values)
+def method_seeds(args: argparse.Namespace) -> dict[str, list[int]]:
+    """The training seeds of every method."""
+    seeds = {method: ints(args.seeds) for method in args.methods.split(",")}
+    for item in filter(None, args.method_seeds.split(";")):
+        method, values = item.split("=")
+        seeds[method] = ints(values)
     return seeds
 
 
-def run_dir(args: argparse.Namespace, head: str, u: int, seed: int) -> Path:
+def run_dir(args: argparse.Namespace, method: str, u: int, seed: int) -> Path:
     """The run folder of one model."""
-    return args.runs / f"{head}_U{u}_s{seed}"
+    return args.runs / f"{method}_U{u}_s{seed}"
 
 
 def metrics(folder: Path) -> list[dict]:
@@ -107,14 +119,14 @@ def finished(args: argparse.Namespace, folder: Path) -> bool:
     return any(row["epoch"] == args.epochs for row in metrics(folder))
 
 
-def train_argv(args: argparse.Namespace, head: str, u: int, seed: int) -> list[str]:
+def train_argv(args: argparse.Namespace, method: str, u: int, seed: int) -> list[str]:
     """`fewshot train` arguments: continue the run, or start it afresh."""
-    folder = run_dir(args, head, u, seed)
+    folder = run_dir(args, method, u, seed)
     if (folder / "last.pt").exists():
         return ["train", "--resume", str(folder / "last.pt")]
     # Killed before its first checkpoint (or never started): nothing to keep.
     return [
-        "train", "--overwrite", "--dataset", "omniglot", "--backbone", "conv4", "--head", head,
+        "train", "--overwrite", "--dataset", "omniglot", "--backbone", "conv4", *METHODS[method][1],
         "--way", str(args.way), "--shot", "1", "--query", str(args.query),
         "--val-way", "5", "--val-shot", "1", "--val-query", "15",
         "--val-episodes", str(args.val_episodes), "--epochs", str(args.epochs),
@@ -135,18 +147,18 @@ def test_flags(args: argparse.Namespace, way: int) -> list[str]:
     ]  # fmt: skip
 
 
-def seeds_file(args: argparse.Namespace, head: str, u: int, way: int, seeds: list[int]) -> Path:
+def seeds_file(args: argparse.Namespace, method: str, u: int, way: int, seeds: list[int]) -> Path:
     """The cached `compare-seeds` JSON of U vs the baseline on one test way."""
     base = ints(args.resplits)[0]
     tag = "-".join(map(str, seeds))
-    name = f"{head}_U{u}-U{base}_{way}w1s_{args.test_episodes}ep_seed{args.test_seed}_s{tag}"
+    name = f"{method}_U{u}-U{base}_{way}w1s_{args.test_episodes}ep_seed{args.test_seed}_s{tag}"
     return args.runs / "tests" / f"compare_seeds_{name}.json"
 
 
-def pair_file(args: argparse.Namespace, head: str, u: int, way: int) -> Path:
+def pair_file(args: argparse.Namespace, method: str, u: int, way: int) -> Path:
     """The cached `compare` JSON of U vs the baseline for the paired seed."""
     base = ints(args.resplits)[0]
-    name = f"{head}_U{u}-U{base}_{way}w1s_{args.test_episodes}ep_seed{args.test_seed}"
+    name = f"{method}_U{u}-U{base}_{way}w1s_{args.test_episodes}ep_seed{args.test_seed}"
     return args.runs / "tests" / f"compare_{name}_s{args.paired_seed}.json"
 
 
@@ -161,11 +173,11 @@ class Job:
 
 
 def jobs(args: argparse.Namespace) -> list[Job]:
-    """Every job in priority order: head by head (--heads order), its seeds one after the
+    """Every job in priority order: method by method (--methods order), its seeds one after the
     other with every U side by side; the paired seed's plot and per-episode comparisons right
     after its runs (a usable result early), the across-seed comparisons after the last run.
-    With too little time, the last head loses seeds first."""
-    seeds, splits = head_seeds(args), ints(args.resplits)
+    With too little time, the last method loses seeds first."""
+    seeds, splits = method_seeds(args), ints(args.resplits)
     base, tested, ways = splits[0], splits[1:], ints(args.test_ways)
     order: list[Job] = []
 
@@ -173,45 +185,45 @@ def jobs(args: argparse.Namespace) -> list[Job]:
         """Queue one CLI call whose result is the file `out`."""
         order.append(Job(name, lambda: [*argv, "--out", str(out)], out.exists, deps))
 
-    for head, values in seeds.items():
+    for method, values in seeds.items():
         for seed in values:
             for u in splits:
-                folder = run_dir(args, head, u, seed)
+                folder = run_dir(args, method, u, seed)
                 order.append(
                     Job(
                         f"train {folder.name}",
-                        lambda h=head, u=u, s=seed: train_argv(args, h, u, s),
+                        lambda h=method, u=u, s=seed: train_argv(args, h, u, s),
                         lambda f=folder: finished(args, f),
                     )
                 )
             if seed != args.paired_seed:
                 continue
-            folders = [run_dir(args, head, u, seed) for u in splits]
+            folders = [run_dir(args, method, u, seed) for u in splits]
             deps = [f"train {f.name}" for f in folders]
             labels = ["--labels", *(f"U={u}" for u in splits)]
             add(
-                f"plot {head} seed {seed}",
+                f"plot {method} seed {seed}",
                 ["plot", *map(str, folders), *labels],
-                args.out / f"curves_{head}_seed{seed}.png",
+                args.out / f"curves_{method}_seed{seed}.png",
                 deps,
             )
             for u in tested:
-                pair = [str(run_dir(args, head, x, seed)) for x in (base, u)]
+                pair = [str(run_dir(args, method, x, seed)) for x in (base, u)]
                 for way in ways:
                     argv = ["compare", *pair, *test_flags(args, way)]
-                    name = f"compare {head} U{u} {way}-way seed {seed}"
-                    add(name, argv, pair_file(args, head, u, way), deps)
+                    name = f"compare {method} U{u} {way}-way seed {seed}"
+                    add(name, argv, pair_file(args, method, u, way), deps)
         # compare-seeds needs two seeds; one seed is only compared per episode.
         if len(values) < 2:
             continue
-        deps = [f"train {run_dir(args, head, u, s).name}" for u in splits for s in values]
+        deps = [f"train {run_dir(args, method, u, s).name}" for u in splits for s in values]
         for u in tested:
-            a = [str(run_dir(args, head, base, s)) for s in values]
-            b = [str(run_dir(args, head, u, s)) for s in values]
+            a = [str(run_dir(args, method, base, s)) for s in values]
+            b = [str(run_dir(args, method, u, s)) for s in values]
             for way in ways:
                 argv = ["compare-seeds", "--a", *a, "--b", *b, *test_flags(args, way)]
-                name = f"compare-seeds {head} U{u} {way}-way"
-                add(name, argv, seeds_file(args, head, u, way, values), deps)
+                name = f"compare-seeds {method} U{u} {way}-way"
+                add(name, argv, seeds_file(args, method, u, way, values), deps)
     return order
 
 
@@ -320,19 +332,19 @@ def collect(args: argparse.Namespace) -> dict:
         else []
     )
     walls = {t["job"]: t["end"] - t["start"] for t in timings if t["ok"]}
-    out: dict = {"runs": [], "heads": {}}
-    for head, seeds in head_seeds(args).items():
+    out: dict = {"runs": [], "methods": {}}
+    for method, seeds in method_seeds(args).items():
         cells: dict = {}
         for u in splits:
             runs = []
             for seed in seeds:
-                folder = run_dir(args, head, u, seed)
+                folder = run_dir(args, method, u, seed)
                 rows = metrics(folder)
                 if not rows:
                     continue
                 best = max(rows, key=lambda r: r["val_acc"])
                 run = {
-                    "head": head, "U": u, "seed": seed, "folder": str(folder),
+                    "method": method, "U": u, "seed": seed, "folder": str(folder),
                     "finished": finished(args, folder), "epochs_done": len(rows),
                     "precision": rows[-1].get("precision"),
                     "train_seconds": sum(r["seconds"] for r in rows),
@@ -346,9 +358,9 @@ def collect(args: argparse.Namespace) -> dict:
                 runs.append(run)
             out["runs"] += runs
             cells[f"U{u}"] = [r for r in runs if r["finished"]]
-        out["heads"][head] = {"time_to_accuracy": time_to_accuracy(args, cells, thresholds)}
-        out["heads"][head]["plateau"] = plateau(args, cells)
-        out["heads"][head]["tests"] = tests(args, head, seeds)
+        out["methods"][method] = {"time_to_accuracy": time_to_accuracy(args, cells, thresholds)}
+        out["methods"][method]["plateau"] = plateau(args, cells)
+        out["methods"][method]["tests"] = tests(args, method, seeds)
     return out
 
 
@@ -400,13 +412,13 @@ def correct(accuracies: list[float], way: int) -> list[int]:
     return [round(a * way * 15) for a in accuracies]
 
 
-def tests(args: argparse.Namespace, head: str, seeds: list[int]) -> dict:
-    """The cached compare-seeds / compare results of one head, per tested U and way."""
+def tests(args: argparse.Namespace, method: str, seeds: list[int]) -> dict:
+    """The cached compare-seeds / compare results of one method, per tested U and way."""
     base, result = ints(args.resplits)[0], {}
     for u in ints(args.resplits)[1:]:
         for way in ints(args.test_ways):
             entry: dict = {}
-            path = seeds_file(args, head, u, way, seeds)
+            path = seeds_file(args, method, u, way, seeds)
             if path.exists():
                 data = json.loads(path.read_text())
                 accs = {arm: [m["accuracy"] for m in data[arm]] for arm in "ab"}
@@ -425,7 +437,7 @@ def tests(args: argparse.Namespace, head: str, seeds: list[int]) -> dict:
                     **d, "mean": 100 * d["mean"], "ci95": 100 * d["ci95"],
                     "higher_in": sum(y > x for x, y in zip(accs["a"], accs["b"], strict=True)),
                 }  # fmt: skip
-            path = pair_file(args, head, u, way)
+            path = pair_file(args, method, u, way)
             if path.exists():
                 data = json.loads(path.read_text())
                 d = data["difference"]
@@ -468,11 +480,11 @@ def markdown(args: argparse.Namespace, data: dict) -> str:
         "",
         "## Test accuracy and U5 − U1",
         "",
-        "| head | test | seeds | U = 1 | U = 5 | U5 − U1 across seeds | higher in | "
+        "| method | test | seeds | U = 1 | U = 5 | U5 − U1 across seeds | higher in | "
         f"per episode (seed {args.paired_seed}) |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for head, h in data["heads"].items():
+    for method, h in data["methods"].items():
         for key, t in h["tests"].items():
             u = key.split("-")[0]
             way = key.split()[1].removesuffix("w1s")
@@ -480,14 +492,14 @@ def markdown(args: argparse.Namespace, data: dict) -> str:
             if "across_seeds" in t:
                 d = t["across_seeds"]
                 lines.append(
-                    f"| {HEAD_NAMES[head]} | {way}-way 1-shot | {len(t['seeds'])} | "
+                    f"| {METHODS[method][0]} | {way}-way 1-shot | {len(t['seeds'])} | "
                     f"{pm(*t[f'U{base}']['mean_ci95'])} | {pm(*t[u]['mean_ci95'])} | {signed(d)} "
                     f"| {d['higher_in']}/{d['n']} | {signed(pair)} |"
                 )
             elif pair:
                 # One seed only: its two models, no interval across seeds.
                 lines.append(
-                    f"| {HEAD_NAMES[head]} | {way}-way 1-shot | 1 (seed {pair['seed']}) | "
+                    f"| {METHODS[method][0]} | {way}-way 1-shot | 1 (seed {pair['seed']}) | "
                     f"{pair[f'U{base}']:.2f} | {pair[u]:.2f} | - | - | {signed(pair)} |"
                 )
     lines += [
@@ -498,10 +510,10 @@ def markdown(args: argparse.Namespace, data: dict) -> str:
         "mean ± t interval over the seeds that reached it (reached/finished runs); the "
         "difference is paired by seed over seeds where both arms reached it.",
         "",
-        "| head | validation accuracy | U = 1 | U = 5 | U5 − U1 |",
+        "| method | validation accuracy | U = 1 | U = 5 | U5 − U1 |",
         "|---|---|---|---|---|",
     ]
-    for head, h in data["heads"].items():
+    for method, h in data["methods"].items():
         for thr, e in h["time_to_accuracy"].items():
             if not any(v.get("runs") for v in e.values()):
                 continue
@@ -519,7 +531,7 @@ def markdown(args: argparse.Namespace, data: dict) -> str:
                 if diff and diff["n"] >= 2
                 else "-"
             )
-            lines.append(f"| {HEAD_NAMES[head]} | {thr} % | {' | '.join(cell)} | {diff_text} |")
+            lines.append(f"| {METHODS[method][0]} | {thr} % | {' | '.join(cell)} | {diff_text} |")
     lines += [
         "",
         "## Plateau (5-way validation accuracy, mean over finished seeds)",
@@ -527,20 +539,20 @@ def markdown(args: argparse.Namespace, data: dict) -> str:
         f"Last quarter: mean over the last {max(1, args.epochs // 4)} validations; gain: that "
         "minus the mean of the quarter before.",
         "",
-        "| head | U | last quarter | gain over previous quarter | best epoch per seed |",
+        "| method | U | last quarter | gain over previous quarter | best epoch per seed |",
         "|---|---|---|---|---|",
     ]
-    for head, h in data["heads"].items():
+    for method, h in data["methods"].items():
         for u, p in h["plateau"].items():
             lines.append(
-                f"| {HEAD_NAMES[head]} | {u[1:]} | {pm(*p['last_quarter'])} | "
+                f"| {METHODS[method][0]} | {u[1:]} | {pm(*p['last_quarter'])} | "
                 f"{pm(*p['gain_over_previous_quarter'])} | {p['best_epoch']} |"
             )
     lines += [
         "",
         "## Every run",
         "",
-        "| head | U | seed | epochs | best val (epoch) | training-step min | wall min | "
+        "| method | U | seed | epochs | best val (epoch) | training-step min | wall min | "
         + " | ".join(f"test {w}-way" for w in ways)
         + " |",
         "|---|---|---|---|---|---|---|" + "---|" * len(ways),
@@ -548,7 +560,7 @@ def markdown(args: argparse.Namespace, data: dict) -> str:
     for r in data["runs"]:
         accs = []
         for way in ways:
-            test = data["heads"][r["head"]]["tests"].get(f"U5-U{base} {way}w1s", {})
+            test = data["methods"][r["method"]]["tests"].get(f"U5-U{base} {way}w1s", {})
             u = f"U{r['U']}"
             arm, seeds = test.get(u, {}), test.get("seeds", [])
             pair = test.get("per_episode", {})
@@ -560,7 +572,7 @@ def markdown(args: argparse.Namespace, data: dict) -> str:
                 accs.append("-")
         wall = f"{r['wall_seconds'] / 60:.1f}" if r["wall_seconds"] else "-"
         lines.append(
-            f"| {HEAD_NAMES[r['head']]} | {r['U']} | {r['seed']} | {r['epochs_done']} | "
+            f"| {METHODS[r['method']][0]} | {r['U']} | {r['seed']} | {r['epochs_done']} | "
             f"{r['best_val']:.2f} ({r['best_epoch']}) | {r['train_seconds'] / 60:.1f} | {wall} | "
             + " | ".join(accs)
             + " |"
@@ -569,19 +581,21 @@ def markdown(args: argparse.Namespace, data: dict) -> str:
 
 
 def curves(args: argparse.Namespace, data: dict) -> None:
-    """curves_<head>.png: 5-way validation accuracy against training episodes, every U's mean
+    """curves_<method>.png: 5-way validation accuracy against training episodes, every U's mean
     over finished seeds (band: min-max over seeds), full range and the last half."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    for head in data["heads"]:
-        if not any(r["head"] == head and r["finished"] for r in data["runs"]):
+    for method in data["methods"]:
+        if not any(r["method"] == method and r["finished"] for r in data["runs"]):
             continue
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
         for u in ints(args.resplits):
-            runs = [r for r in data["runs"] if r["head"] == head and r["U"] == u and r["finished"]]
+            runs = [
+                r for r in data["runs"] if r["method"] == method and r["U"] == u and r["finished"]
+            ]
             if not runs:
                 continue
             x = [(e + 1) * args.episodes_per_epoch for e in range(args.epochs)]
@@ -596,18 +610,18 @@ def curves(args: argparse.Namespace, data: dict) -> None:
         tail = [
             v
             for r in data["runs"]
-            if r["head"] == head and r["finished"]
+            if r["method"] == method and r["finished"]
             for v in r["val_acc"][args.epochs // 2 :]
         ]
         if tail:
             axes[1].set_ylim(min(tail) - 0.2, max(tail) + 0.2)
         for ax, title in zip(axes, ("all of training", "second half (lr halved)"), strict=True):
             ax.set(xlabel="training episodes", ylabel="5-way 1-shot validation accuracy (%)")
-            ax.set_title(f"{HEAD_NAMES[head]}: {title}")
+            ax.set_title(f"{METHODS[method][0]}: {title}")
             ax.grid(alpha=0.3)
             ax.legend()
         fig.tight_layout()
-        fig.savefig(args.out / f"curves_{head}.png", dpi=110)
+        fig.savefig(args.out / f"curves_{method}.png", dpi=110)
         plt.close(fig)
 
 
