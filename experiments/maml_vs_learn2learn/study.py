@@ -1,0 +1,124 @@
+"""MAML trained by fewshot and by learn2learn on identical seeded episodes: curves and accuracy.
+
+Both arms go through `fewshot train` with the same settings and seed, so they start from the
+same weights and see the same training and validation episodes; they differ only in who
+computes the meta-gradient: fewshot's engine (`--method maml`, all episodes adapted at once) or
+`l2l.algorithms.MAML` (`clone()` and `adapt()` per episode, registered here as the method
+`maml_learn2learn`). Both are tested with `fewshot compare` on the same seeded test episodes
+(the paired difference and its 95% interval) and their validation curves overlaid with
+`fewshot plot`. Needs learn2learn (the `reuse` extra). Resumable: a finished step is skipped.
+
+    python -m experiments.maml_vs_learn2learn.study    # from the repository root
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from fewshot.cli.main import main as fewshot
+from fewshot.methods import register_method
+from fewshot.methods.adaptation import AdaptationMethod, adaptation_builder
+
+
+class Learn2LearnMAML(AdaptationMethod):
+    """fewshot's MAML whose training meta-gradient is learn2learn's, one episode at a time
+    (evaluation is fewshot's per-episode adaptation, the same for both arms)."""
+
+    def forward(self, images, resplits, shot):
+        """Mean query loss after each episode's adaptation by learn2learn, and its accuracies."""
+        import learn2learn as l2l
+
+        if resplits is not None:
+            raise ValueError("the learn2learn arm trains without EHG (--resplits 1)")
+        learner = l2l.algorithms.MAML(self.network, lr=self.inner_lr)
+        way, pool = images.shape[1:3]
+        support_labels = torch.arange(way).repeat_interleave(shot)
+        query_labels = torch.arange(way).repeat_interleave(pool - shot)
+        losses, accuracies = [], []
+        for episode in images:
+            clone = learner.clone()
+            for _ in range(self.inner_steps):
+                support = clone(episode[:, :shot].flatten(0, 1))
+                clone.adapt(F.cross_entropy(support, support_labels))
+            logits = clone(episode[:, shot:].flatten(0, 1))
+            losses.append(F.cross_entropy(logits, query_labels))
+            accuracies.append((logits.argmax(-1) == query_labels).float().mean().detach())
+        return torch.stack(losses).mean(), torch.stack(accuracies)
+
+
+def build_learn2learn_maml(
+    settings: dict, *, inner_steps: int = 1, inner_lr: float = 0.4, eval_inner_steps: int = 3
+) -> Learn2LearnMAML:
+    """fewshot's MAML with its options checked as for `--method maml`, trained by learn2learn."""
+    options = {"inner_steps": inner_steps, "inner_lr": inner_lr}
+    method = adaptation_builder("maml")(settings, **options, eval_inner_steps=eval_inner_steps)
+    method.__class__ = Learn2LearnMAML  # same modules and parameters, another forward
+    return method
+
+
+def parse_args() -> argparse.Namespace:
+    """The study's settings."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--epochs", type=int, default=25)
+    parser.add_argument("--episodes-per-epoch", type=int, default=160)
+    parser.add_argument("--episodes-per-batch", type=int, default=8)
+    parser.add_argument("--val-episodes", type=int, default=300)
+    parser.add_argument("--test-episodes", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0, help="training seed of both arms")
+    parser.add_argument("--test-seed", type=int, default=2024)
+    parser.add_argument("--runs", type=Path, default=Path("runs/maml_vs_learn2learn"))
+    parser.add_argument("--out", type=Path, default=Path("experiments/maml_vs_learn2learn"))
+    return parser.parse_args()
+
+
+def run(argv: list[str]) -> None:
+    """One fewshot command; a failure stops the study."""
+    if fewshot(argv) != 0:
+        raise SystemExit(f"failed: fewshot {' '.join(argv)}")
+
+
+def main() -> None:
+    """Train both arms (or finish them), compare them on the test episodes, plot their curves."""
+    args = parse_args()
+    register_method("maml_learn2learn", build_learn2learn_maml)
+    options = json.dumps({"inner_steps": 1, "inner_lr": 0.4, "eval_inner_steps": 3})
+    shared = [
+        "--dataset", "omniglot", "--backbone", "conv4",
+        "--backbone-options", '{"downsample": "stride"}', "--method-options", options,
+        "--way", "5", "--shot", "1", "--query", "15", "--val-way", "5", "--val-shot", "1",
+        "--val-query", "15", "--val-episodes", str(args.val_episodes),
+        "--epochs", str(args.epochs), "--episodes-per-epoch", str(args.episodes_per_epoch),
+        "--episodes-per-batch", str(args.episodes_per_batch), "--optimizer", "adam",
+        "--lr", "0.001", "--weight-decay", "0", "--lr-schedule", "[]", "--amp", "off",
+        "--seed", str(args.seed), "--device", "cpu",
+    ]  # fmt: skip
+    folders = {}
+    for method in ("maml", "maml_learn2learn"):
+        folder = folders[method] = args.runs / method
+        rows = (folder / "metrics.jsonl").read_text().splitlines() if folder.exists() else []
+        if any(json.loads(r)["epoch"] == args.epochs for r in rows if r.strip()):
+            continue
+        if (folder / "last.pt").exists():
+            run(["train", "--resume", str(folder / "last.pt")])
+        else:
+            run(["train", "--method", method, *shared, "--overwrite", "--out", str(folder)])
+    args.out.mkdir(parents=True, exist_ok=True)
+    compared = args.out / "compare.json"
+    if not compared.exists():
+        test = ["--way", "5", "--shot", "1", "--query", "15", "--amp", "off", "--device", "cpu"]
+        test += ["--episodes", str(args.test_episodes), "--seed", str(args.test_seed)]
+        run(["compare", str(folders["maml"]), str(folders["maml_learn2learn"]), *test,
+             "--out", str(compared)])  # fmt: skip
+    curves = args.out / "curves.png"
+    if not curves.exists():
+        run(["plot", *map(str, folders.values()), "--labels", "fewshot", "learn2learn",
+             "--out", str(curves)])  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
