@@ -10,6 +10,7 @@ _.exc
 # hubconf.py: torch.hub reads `dependencies` and calls the entry points by name.
 _.dependencies
 _.protonet_conv4_omniglot
+_.maml_conv4_omniglot
 
 # Result dataclass fields that reach JSON through dataclasses.asdict and are read by key there.
 _.train_acc  # fewshot.evaluation.metrics.MetricsRow
