@@ -17,7 +17,7 @@ from experiments.ehg_convergence.study import main
 DEFAULTS = [
     "--methods", "anil,maml", "--way", "5", "--query", "15", "--test-ways", "5",
     "--epochs", "10", "--episodes-per-epoch", "80", "--episodes-per-batch", "4",
-    "--thresholds", "80,85,90",
+    "--thresholds", "65,75,80",
     "--runs", "runs/ehg_adaptation", "--out", "experiments/ehg_adaptation",
 ]  # fmt: skip
 
