@@ -5,7 +5,9 @@ Every (method, U, seed) model is trained with the episode shape of experiments/e
 plateau, Adam 1e-3 halved at mid-run; best.pt (best 5-way validation) is tested on the same
 seeded 5-way and 20-way 1-shot test episodes. U5 - U1 is measured across seeds with
 `fewshot compare-seeds` and per test episode for one seed with `fewshot compare`; the metrics
-logs give the episodes each arm needs to reach fixed validation accuracies.
+logs give the episodes each arm needs to reach fixed validation accuracies. The methods are
+those of METHODS (the heads and, for experiments/ehg_adaptation, ANIL and MAML); the episode
+shape, budget and test ways are flags.
 
 The study runs only through the `fewshot` command line (subprocesses), never the library's
 internals, so it runs against any checkout (--cli-dir) with any interpreter (--python).
