@@ -103,6 +103,11 @@ def method_seeds(args: argparse.Namespace) -> dict[str, list[int]]:
     return seeds
 
 
+def shown(path: Path) -> str:
+    """A path as the results show it: relative to the working folder (no machine paths)."""
+    return os.path.relpath(path)
+
+
 def run_dir(args: argparse.Namespace, method: str, u: int, seed: int) -> Path:
     """The run folder of one model."""
     return args.runs / f"{method}_U{u}_s{seed}"
@@ -346,7 +351,7 @@ def collect(args: argparse.Namespace) -> dict:
                     continue
                 best = max(rows, key=lambda r: r["val_acc"])
                 run = {
-                    "method": method, "U": u, "seed": seed, "folder": str(folder),
+                    "method": method, "U": u, "seed": seed, "folder": shown(folder),
                     "finished": finished(args, folder), "epochs_done": len(rows),
                     "precision": rows[-1].get("precision"),
                     "train_seconds": sum(r["seconds"] for r in rows),
@@ -630,7 +635,8 @@ def curves(args: argparse.Namespace, data: dict) -> None:
 def report(args: argparse.Namespace) -> None:
     """Write results.json, results.md and the curves from whatever has finished."""
     data = collect(args)
-    settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    settings = {k: shown(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    settings["python"] = Path(args.python).name  # the interpreter's name, not this machine's path
     data = {"settings": {**settings, "ehg_flag": EHG_FLAG}, **data}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps(data, indent=1) + "\n")
