@@ -14,12 +14,12 @@ computes the meta-gradient: fewshot's engine (`--method maml`, all episodes adap
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from experiments.ehg_convergence.study import MAML_SETTING, metrics
 from fewshot.cli.main import main as fewshot
 from fewshot.methods import register_method
 from fewshot.methods.adaptation import AdaptationMethod, adaptation_builder
@@ -86,10 +86,8 @@ def main() -> None:
     """Train both arms (or finish them), compare them on the test episodes, plot their curves."""
     args = parse_args()
     register_method("maml_learn2learn", build_learn2learn_maml)
-    options = json.dumps({"inner_steps": 1, "inner_lr": 0.4, "eval_inner_steps": 3})
     shared = [
-        "--dataset", "omniglot", "--backbone", "conv4",
-        "--backbone-options", '{"downsample": "stride"}', "--method-options", options,
+        "--dataset", "omniglot", "--backbone", "conv4", *MAML_SETTING,
         "--way", "5", "--shot", "1", "--query", "15", "--val-way", "5", "--val-shot", "1",
         "--val-query", "15", "--val-episodes", str(args.val_episodes),
         "--epochs", str(args.epochs), "--episodes-per-epoch", str(args.episodes_per_epoch),
@@ -100,8 +98,7 @@ def main() -> None:
     folders = {}
     for method in ("maml", "maml_learn2learn"):
         folder = folders[method] = args.runs / method
-        rows = (folder / "metrics.jsonl").read_text().splitlines() if folder.exists() else []
-        if any(json.loads(r)["epoch"] == args.epochs for r in rows if r.strip()):
+        if any(row["epoch"] == args.epochs for row in metrics(folder)):
             continue
         if (folder / "last.pt").exists():
             run(["train", "--resume", str(folder / "last.pt")])
