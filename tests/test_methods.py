@@ -99,6 +99,4 @@ def test_a_registered_method_trains_resumes_and_evaluates(finetune, tmp_path, ca
 def test_options_of_another_method_are_refused_naming_the_key(finetune, tmp_path, capsys):
     bad = ["train", "--method-options", '{"steps": 2}', "--out", str(tmp_path / "run")]
     assert main(bad) == 2
-    assert "--method-options has no option 'steps' for build_embedding_method" in (
-        capsys.readouterr().err
-    )
+    assert "--method-options has no option 'steps' for embedding" in capsys.readouterr().err

@@ -160,24 +160,24 @@ RESERVED_OPTIONS = {
 }
 
 
-def check_options(key: str, options: dict, target: Callable) -> None:
+def check_options(key: str, options: dict, target: Callable, name: str | None = None) -> None:
     """Check keyword options for `target` (a function or class) against its signature: known
-    names and their annotated types."""
+    names and their annotated types; errors call it `name` (default: its own name)."""
     params = inspect.signature(target).parameters.values()
     allowed = [
         p.name for p in params if p.kind is p.KEYWORD_ONLY or p.kind is p.POSITIONAL_OR_KEYWORD
     ]
     allowed = [name for name in allowed if name not in RESERVED_OPTIONS]
     hints = typing.get_type_hints(target.__init__ if inspect.isclass(target) else target)
-    for name, value in options.items():
-        if name not in allowed:
+    for option, value in options.items():
+        if option not in allowed:
             raise SettingError(
                 key,
-                f"has no option {name!r} for {target.__name__}; "
+                f"has no option {option!r} for {name or target.__name__}; "
                 f"known: {', '.join(allowed) or 'none'}",
             )
-        if name in hints:
-            check_type(f"{key}.{name}", hints[name], value)
+        if option in hints:
+            check_type(f"{key}.{option}", hints[option], value)
 
 
 def flag_name(key: str) -> str:

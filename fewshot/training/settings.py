@@ -118,7 +118,7 @@ class TrainSettings:
                     "lr_schedule",
                     f"entry {i} must be [epoch >= 0 (an integer), factor > 0], got {entry!r}",
                 )
-        check_options("method_options", self.method_options, METHODS[self.method])
+        check_options("method_options", self.method_options, METHODS[self.method], self.method)
         check_options("backbone_options", self.backbone_options, BACKBONES[self.backbone])
         # The method and its backbone check their own options; on the meta device building
         # them costs nothing (the geometry is any the backbones accept).
