@@ -111,8 +111,10 @@ def test_anil_is_maml_restricted_to_the_classifier():
 
 
 def test_imaml_is_the_implicit_gradient_at_the_adapted_weights():
-    lam, steps = 2.0, 30
-    model = method("imaml", inner_steps=steps, inner_lr=0.1, proximal=lam, solver_steps=200)
+    # lam large enough for H + lam I to be positive definite (asserted below): the system iMAML
+    # solves, which conjugate gradient solves exactly.
+    lam, steps, lr = 10.0, 30, 0.05
+    model = method("imaml", inner_steps=steps, inner_lr=lr, proximal=lam, solver_steps=200)
     images = episodes(batch=1)
     ours = meta_gradient(model, images)
     # Reference: theta_K by plain gradient descent on the proximal support loss, then
@@ -136,8 +138,9 @@ def test_imaml_is_the_implicit_gradient_at_the_adapted_weights():
     for _ in range(steps):
         theta = theta.requires_grad_()
         loss = support_loss(theta) + lam / 2 * ((theta - phi) ** 2).sum()
-        theta = (theta - 0.1 * torch.autograd.grad(loss, theta)[0]).detach()
+        theta = (theta - lr * torch.autograd.grad(loss, theta)[0]).detach()
     hessian = torch.autograd.functional.hessian(support_loss, theta)
+    assert torch.linalg.eigvalsh(hessian).min() > -lam
     theta = theta.requires_grad_()
     query_loss = F.cross_entropy(
         functional_call(model.network, unflat(theta), (query,)),

@@ -140,3 +140,27 @@ def test_full_size_minibatches_are_plain_full_batch_descent(ridge_data):
     drawn = aid_cg(problem, theta0, lam, Minibatches(train, 40), Minibatches(val, 20), 30, 5)
     assert torch.allclose(fixed.grad, drawn.grad, rtol=1e-12, atol=0)
     assert torch.allclose(fixed.theta, drawn.theta, rtol=1e-12, atol=0)
+
+
+@pytest.mark.parametrize("per_problem", [False, True])
+def test_conjugate_gradient_stops_a_problem_at_non_positive_curvature(per_problem):
+    """Inner loss 1/2 theta' A theta - lam' theta, outer loss sum(theta): the hypergradient is
+    A^-1 (1, 1) as far as conjugate gradient gets. For A = diag(3, -1) its first step reaches
+    v = (1, 1) and its next direction, (2, 6), has curvature 3*4 - 36 < 0: AID-CG stops there
+    (plain CG would go on to A^-1 (1, 1) = (1/3, -1), a solve of an indefinite system).
+    A = diag(3, 1), solved alongside (per problem), reaches its exact solve (1/3, 1)."""
+    curvatures = torch.tensor([[3.0, -1.0], [3.0, 1.0]], dtype=torch.float64)
+    expected = torch.tensor([[1.0, 1.0], [1 / 3, 1.0]], dtype=torch.float64)
+    if not per_problem:
+        curvatures, expected = curvatures[0], expected[0]
+
+    def inner(theta, lam, batch):
+        return 0.5 * (curvatures * theta**2).sum() - (lam * theta).sum()
+
+    def outer(theta, lam, batch):
+        return theta.sum()
+
+    problem = Bilevel(inner, outer, 0.1)
+    zeros = torch.zeros_like(curvatures)
+    result = aid_cg(problem, zeros, zeros, None, None, 0, 5, per_problem=per_problem)
+    torch.testing.assert_close(result.grad, expected, rtol=1e-12, atol=1e-12)

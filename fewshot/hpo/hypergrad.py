@@ -19,7 +19,9 @@ from `theta0` and returns a `Hypergradient`: the estimate of d R^val(theta_K(lam
 - `trhg`: the same, back-propagating through the last `truncate` steps only (Shaban et al. 2019).
 - `aid_fp`, `aid_cg`: implicit differentiation at theta_K: solve H v = grad_theta R^val with
   `solver_steps` fixed-point or conjugate-gradient iterations on Hessian-vector products, then
-  hypergradient = grad_lam R^val - (d^2 R^tr / d lam d theta) v.
+  hypergradient = grad_lam R^val - (d^2 R^tr / d lam d theta) v. Where H is not positive
+  definite (a non-convex inner loss), conjugate gradient stops at the first direction of
+  non-positive curvature and keeps the iterate it has, as Newton-CG does.
 
 Nothing is global: the functions only read their arguments (they differentiate with
 torch.autograd on detached copies) and advance the generator they are given, so they compose
@@ -275,18 +277,23 @@ def aid_cg(
         v = tree_zeros_like(b)
         residual, direction = b, b
         rr = dot(residual, residual)
-        tiny = torch.finfo(rr.dtype).tiny
+        live = rr > torch.finfo(rr.dtype).tiny  # a problem solved exactly stays where it is
         for _ in range(solver_steps):
-            if (rr <= tiny).all():  # solved exactly; another step would divide by 0
+            if not live.any():  # another step would divide by 0
                 break
             h_dir = hvp(direction)
-            live = rr > tiny  # a problem solved exactly stays where it is
-            alpha = torch.where(live, rr / torch.where(live, dot(direction, h_dir), 1.0), 0.0)
+            curvature = dot(direction, h_dir)
+            # A direction of non-positive curvature: H is not positive definite there, and CG's
+            # step along it would be meaningless; the problem keeps what it has (Newton-CG's
+            # rule, Nocedal & Wright, Algorithm 7.1).
+            live = live & (curvature > 0)
+            alpha = torch.where(live, rr / torch.where(live, curvature, 1.0), 0.0)
             v = step(v, direction, alpha)
             residual = step(residual, h_dir, -alpha)
             rr_next = dot(residual, residual)
             direction = step(residual, direction, torch.where(live, rr_next / rr, 0.0))
             rr = rr_next
+            live = live & (rr > torch.finfo(rr.dtype).tiny)
         return v
 
     return _implicit(problem, theta0, lam, train, val, steps, conjugate_gradient, gen)
