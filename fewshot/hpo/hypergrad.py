@@ -277,9 +277,10 @@ def aid_cg(
         v = tree_zeros_like(b)
         residual, direction = b, b
         rr = dot(residual, residual)
-        live = rr > torch.finfo(rr.dtype).tiny  # a problem solved exactly stays where it is
+        tiny = torch.finfo(rr.dtype).tiny
+        live = rr > tiny  # a problem solved exactly stays where it is
         for _ in range(solver_steps):
-            if not live.any():  # another step would divide by 0
+            if not live.any():  # every problem has stopped
                 break
             h_dir = hvp(direction)
             curvature = dot(direction, h_dir)
@@ -293,7 +294,7 @@ def aid_cg(
             rr_next = dot(residual, residual)
             direction = step(residual, direction, torch.where(live, rr_next / rr, 0.0))
             rr = rr_next
-            live = live & (rr > torch.finfo(rr.dtype).tiny)
+            live = live & (rr > tiny)
         return v
 
     return _implicit(problem, theta0, lam, train, val, steps, conjugate_gradient, gen)
