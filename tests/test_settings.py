@@ -130,3 +130,17 @@ def test_backbone_options_are_checked_before_any_data(backbone, options, message
 def test_a_json_list_is_a_fixed_length_tuple() -> None:
     settings = TrainSettings(backbone="resnet12", backbone_options={"channels": [8, 8, 16, 16]})
     assert settings.backbone_options == {"channels": [8, 8, 16, 16]}
+
+
+def test_the_maml_family_starts_from_its_own_optimizer_under_files_and_flags(tmp_path):
+    """--method maml without optimizer flags trains as the MAML paper (Adam 1e-3, no decay, no
+    schedule); a config file or flag still overrides any of it; embedding keeps SGD 0.1."""
+    keys = ("optimizer", "lr", "weight_decay", "lr_schedule")
+    maml = make_config(None, {"method": "maml"})
+    assert tuple(getattr(maml, k) for k in keys) == ("adam", 1e-3, 0.0, [])
+    path = tmp_path / "c.json"
+    path.write_text('{"method": "anil", "optimizer": "sgd", "lr_schedule": [[5, 0.1]]}')
+    anil = make_config(str(path), {"lr": 0.01})
+    assert tuple(getattr(anil, k) for k in keys) == ("sgd", 0.01, 0.0, [[5, 0.1]])
+    embedding = make_config(None, {})
+    assert (embedding.optimizer, embedding.lr, embedding.weight_decay) == ("sgd", 0.1, 5e-4)

@@ -8,18 +8,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fewshot.methods.adaptation import VARIANTS, AdaptationMethod, adaptation_builder
+from fewshot.methods.adaptation import (
+    MAML_TRAINING,
+    VARIANTS,
+    AdaptationMethod,
+    adaptation_builder,
+)
 from fewshot.methods.base import Method
 from fewshot.methods.embedding import EmbeddingMethod, build_embedding_method
 
 MethodBuilder = Callable[..., Method]
 
 METHODS: dict[str, MethodBuilder] = {}
+# Per method: the training settings it starts from, under any config file and flags.
+TRAINING_DEFAULTS: dict[str, dict] = {}
 
 
-def register_method(name: str, builder: MethodBuilder) -> None:
-    """Make a method available to the settings (`--method NAME`), training and evaluation."""
+def register_method(
+    name: str, builder: MethodBuilder, training_defaults: dict | None = None
+) -> None:
+    """Make a method available to the settings (`--method NAME`), training and evaluation;
+    `training_defaults` (e.g. its optimizer) replace the general defaults for it."""
     METHODS[name] = builder
+    TRAINING_DEFAULTS[name] = training_defaults or {}
 
 
 def method_names() -> list[str]:
@@ -35,10 +46,11 @@ def build_method(settings: dict) -> Method:
 
 register_method("embedding", build_embedding_method)
 for _variant in VARIANTS:
-    register_method(_variant, adaptation_builder(_variant))
+    register_method(_variant, adaptation_builder(_variant), MAML_TRAINING)
 
 __all__ = [
     "METHODS",
+    "TRAINING_DEFAULTS",
     "AdaptationMethod",
     "EmbeddingMethod",
     "Method",

@@ -31,6 +31,8 @@ from fewshot.runtime.precision import autocast_dtype
 from fewshot.runtime.settings import SettingError
 
 VARIANTS = ("maml", "fomaml", "anil", "imaml")
+# The MAML paper's meta-optimisation, which these methods train with unless told otherwise.
+MAML_TRAINING = {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "lr_schedule": []}
 
 
 class Network(nn.Module):

@@ -218,9 +218,15 @@ def build(cls: type[T], layers: Sequence[tuple[str, dict]]) -> T:
     """Defaults <- each (label, values) layer in turn; an error names its layer's flag or key.
 
     The label 'flags' means command-line values (errors say `--key`); any other label is a
-    file or checkpoint (errors say `label: "key"`). Keys starting with '_' are comments.
+    file or checkpoint (errors say `label: "key"`). Keys starting with '_' are comments. A class
+    with `defaults_for(values) -> layers` gets those layers under the given ones.
     """
     known = settings_keys(cls)
+    if hasattr(cls, "defaults_for"):  # defaults that depend on the values given (a method's)
+        layers = [
+            *cls.defaults_for({k: v for _, layer in layers for k, v in layer.items()}),
+            *layers,
+        ]
     values: dict = {}
     origin: dict[str, str] = {}
     for label, layer in layers:

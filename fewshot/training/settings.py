@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -11,7 +12,7 @@ import torch
 from fewshot.backbones import BACKBONES
 from fewshot.datasets import dataset_names
 from fewshot.heads import HEADS
-from fewshot.methods import METHODS, build_method, method_names
+from fewshot.methods import METHODS, TRAINING_DEFAULTS, build_method, method_names
 from fewshot.methods.resplit import distinct_resplits
 from fewshot.runtime.device import device_setting
 from fewshot.runtime.errors import FewshotError
@@ -71,7 +72,12 @@ class TrainSettings:
     episodes_per_epoch: int = setting(1000, help="training episodes per epoch", low=1)
     episodes_per_batch: int = setting(2, help="episodes per optimizer step", low=1)
     resplits: int = setting(1, help="U: re-splits of every episode (EHG); 1 = plain", low=1)
-    optimizer: str = setting("sgd", help="sgd (Nesterov momentum) or adam", choices=("sgd", "adam"))
+    optimizer: str = setting(
+        "sgd",
+        help="sgd (Nesterov momentum) or adam; the MAML family defaults to adam, lr 0.001, "
+        "no weight decay or schedule",
+        choices=("sgd", "adam"),
+    )
     lr: float = setting(0.1, help="base learning rate", above=0)
     momentum: float = setting(0.9, help="SGD momentum", low=0, below=1)
     weight_decay: float = setting(5e-4, help="L2 weight decay", low=0)
@@ -86,6 +92,14 @@ class TrainSettings:
     seed: int = seed_setting(0, help="seed of the episodes, splits, augmentation and weights")
     device: str = device_setting()
     out: str = setting("runs/default", help="run folder (checkpoints, metrics.jsonl)")
+
+    @classmethod
+    def defaults_for(cls, values: dict) -> list[tuple[str, dict]]:
+        """The layer under `values`: the training defaults of the method they choose."""
+        method = values.get("method", cls.method)
+        if not isinstance(method, str):  # a wrong type: refused by the field check
+            return []
+        return [(f"--method {method}", copy.deepcopy(TRAINING_DEFAULTS.get(method, {})))]
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -166,7 +180,7 @@ def read_config_file(path: str | Path) -> dict:
 
 
 def make_config(config_file: str | None, flags: dict) -> TrainSettings:
-    """Defaults <- config file <- command-line values."""
+    """Defaults (the method's own among them) <- config file <- command-line values."""
     layers = [(f"config file {config_file}", read_config_file(config_file))] if config_file else []
     return build(TrainSettings, [*layers, ("flags", flags)])
 
