@@ -4,8 +4,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
-if [ ! -x .venv/bin/python ]; then
-    "$PYTHON" -m venv .venv
+trap 'echo "setup interrupted: run it again to finish" >&2; exit 130' INT
+# A venv without pip (its creation was interrupted) is made again, not reused.
+if ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+    "$PYTHON" -m venv --clear .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 # The pinned torch/torchvision pair first, so nothing pulls a newer one.
