@@ -80,6 +80,11 @@ def test_small_idx_files_round_trip(tmp_path, compress):
     split = load_image_dataset("mnist", "train", tmp_path)
     assert torch.equal(split.images[:, 0], torch.from_numpy(images))
     assert split.labels.tolist() == labels.tolist()
+    suffix = ".gz" if compress else ""
+    assert split.files == tuple(
+        str(tmp_path / "mnist" / f"train-{kind}-ubyte{suffix}")
+        for kind in ("images-idx3", "labels-idx1")
+    )
     assert split.mean[0] == pytest.approx(images.mean() / 255)
     pixels = flat_pixels(split, torch.tensor([2]))
     assert pixels.shape == (1, 784)
@@ -148,6 +153,7 @@ def test_small_cifar_tar_is_read_in_class_order(tmp_path):
     )
     split = load_image_dataset("cifar10", "test", tmp_path)
     assert split.labels.tolist() == [0, 9, 9]
+    assert split.files == (str(tmp_path / "cifar10_jpeg" / "test.tar.gz"),)
     center = split.images[:, :, 16, 16].int()
     assert (center[0] - torch.tensor(red)).abs().max() <= 6
     assert (center[1] - torch.tensor(blue)).abs().max() <= 6

@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +15,8 @@ from trainers import make_trainer
 
 import fewshot.datasets
 from fewshot.cli.main import main
-from fewshot.datasets import READERS, load_split
+from fewshot.datasets import READERS, REPO_DATA, ImageSplit, load_split
+from fewshot.datasets.memmap import write_memmap
 from fewshot.runtime.errors import FewshotError
 from fewshot.training.settings import TrainSettings
 
@@ -30,6 +32,87 @@ def root(tmp_path, tiny_omniglot_root):
     source = tiny_omniglot_root / "omniglot" / "splits" / "vinyals"
     shutil.copytree(source, folder / "splits" / "vinyals")  # copies: a test changes one
     return tmp_path
+
+
+@pytest.fixture
+def copied_root(tmp_path, tiny_omniglot_root):
+    """A small Omniglot root whose files are all copies (a test changes them)."""
+    root = tmp_path / "copied"
+    shutil.copytree(tiny_omniglot_root, root, symlinks=False)
+    return root
+
+
+def convert_test_split(root) -> list[dict]:
+    """Convert the test split under `root`; the source records of its meta.json."""
+    args = ["convert", "--dataset", "omniglot", "--splits", "test", "--data-root", str(root)]
+    assert main(args) == 0
+    return json.loads((root / "omniglot" / "memmap" / "test" / "meta.json").read_text())["sources"]
+
+
+def test_a_conversion_records_every_file_the_split_was_read_from(copied_root):
+    folder = copied_root / "omniglot"
+    read = load_split("omniglot", "test", copied_root, converted=False)
+    recorded = [entry["path"] for entry in convert_test_split(copied_root)]
+    assert (
+        recorded
+        == list(read.files)
+        == [
+            str(folder / "splits" / "vinyals" / "test.txt"),
+            str(folder / "omniglot_index.csv"),
+            str(folder / "images_evaluation.npz"),
+        ]
+    )
+
+
+def test_a_split_that_names_no_source_files_is_not_converted(tmp_path):
+    split = ImageSplit(
+        torch.zeros(2, 1, 4, 4, dtype=torch.uint8), torch.zeros(2), ["a"], (0,), (1,)
+    )
+    with pytest.raises(ValueError, match="names no files it was read from"):
+        write_memmap(split, tmp_path / "memmap")
+    assert not (tmp_path / "memmap").exists()
+
+
+@pytest.mark.parametrize("name", ["images_evaluation.npz", "omniglot_index.csv", "test.txt"])
+def test_a_changed_source_file_refuses_the_conversion_naming_it(copied_root, capsys, name):
+    sources = convert_test_split(copied_root)
+    path = next(Path(entry["path"]) for entry in sources if entry["path"].endswith(name))
+    stat, content = path.stat(), path.read_bytes()
+    # One byte shorter, its modification time kept: the reader must not use the stale arrays.
+    path.write_bytes(content[:-1])
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    folder = copied_root / "omniglot" / "memmap" / "test"
+    with pytest.raises(FewshotError) as caught:
+        load_split("omniglot", "test", copied_root)
+    assert str(caught.value) == (
+        f"{folder}: the source {path} changed since conversion ({len(content) - 1} bytes, "
+        f"{len(content)} when converted): convert again (fewshot convert, or delete the folder)"
+    )
+    if name == "images_evaluation.npz":  # the case of the issue: fewshot eval refuses too
+        checkpoint = REPO_DATA.parent / "models" / "omniglot" / "protonet_conv4_1shot.pt"
+        args = ["eval", "--checkpoint", str(checkpoint), "--data-root", str(copied_root)]
+        args += ["--episodes", "2", "--device", "cpu", "--out", str(copied_root / "r.json")]
+        assert main(args) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"the source {path} changed since conversion" in err
+    path.write_bytes(content)  # as when converted: the conversion stands again
+    assert "memmap" in load_split("omniglot", "test", copied_root).source
+
+
+def test_a_conversion_of_an_earlier_version_is_refused(root):
+    args = ["convert", "--dataset", "omniglot", "--splits", "test", "--data-root", str(root)]
+    assert main(args) == 0
+    meta_path = root / "omniglot" / "memmap" / "test" / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    # Version 2 recorded the split list alone, under "source_fingerprint".
+    del meta["sources"]
+    meta.update(version=2, source_fingerprint=None)
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(FewshotError) as caught:
+        load_split("omniglot", "test", root)
+    assert str(caught.value) == (
+        f"{meta_path}: written by another version; run fewshot convert again"
+    )
 
 
 def test_a_converted_split_is_the_read_split(root, capsys, monkeypatch):
@@ -92,7 +175,7 @@ def test_stale_or_damaged_conversions_are_refused(root):
         fewshot.datasets.load_split("omniglot", "test", root)
 
 
-@pytest.mark.parametrize("key", ["shape", "class_names", "mean", "source_fingerprint"])
+@pytest.mark.parametrize("key", ["shape", "class_names", "mean", "sources"])
 def test_damaged_metadata_is_refused_naming_the_file(root, capsys, key):
     args = ["convert", "--dataset", "omniglot", "--splits", "test", "--data-root", str(root)]
     assert main(args) == 0

@@ -45,6 +45,19 @@ def test_pixels_come_from_the_npz(omniglot_test):
     assert float(ours.sum()) == pytest.approx(drawing.sum() * (28 / 105) ** 2, rel=0.02)
 
 
+def test_the_split_names_every_file_it_was_read_from(omniglot_test, omniglot_val):
+    folder = REPO_DATA / "omniglot"
+    common = [folder / "omniglot_index.csv"]
+    # The test classes are drawings of the evaluation alphabets, the validation ones of the
+    # background alphabets: each split names the list, the index and the images it read.
+    assert omniglot_test.files == tuple(
+        map(str, [folder / "splits/vinyals/test.txt", *common, folder / "images_evaluation.npz"])
+    )
+    assert omniglot_val.files == tuple(
+        map(str, [folder / "splits/vinyals/val.txt", *common, folder / "images_background.npz"])
+    )
+
+
 def test_train_and_val_sizes():
     train = load_split("omniglot", "train", REPO_DATA)
     assert train.num_classes == 4112

@@ -158,7 +158,9 @@ def test_safe_load_names_missing_and_corrupt_files(tmp_path: Path) -> None:
 
 def test_hwc_to_split_does_not_copy_pixels() -> None:
     images = random_images(6, 84)
-    split = hwc_to_split(images, [3, 1, 3, 1, 2, 2], source="x", image_size=84, mean=(0,), std=(1,))
+    split = hwc_to_split(
+        images, [3, 1, 3, 1, 2, 2], source="x", files=["x"], image_size=84, mean=(0,), std=(1,)
+    )
     assert split.images.data_ptr() == images.ctypes.data
     assert split.images.is_contiguous(memory_format=torch.channels_last)
     assert split.labels.tolist() == [2, 0, 2, 0, 1, 1]
@@ -189,6 +191,7 @@ def test_miniimagenet_metaoptnet_pickle(tmp_path: Path, split: str, file: str) -
     images, raw, catname2label = make_gidaris(tmp_path / "miniimagenet" / file, 3, 4, 84, 64)
     out = load_split("miniimagenet", split, tmp_path)
     assert_split(out, images, reference_labels(raw))
+    assert out.files == (str(tmp_path / "miniimagenet" / file),)
     names_by_id = {v: k for k, v in catname2label.items()}
     assert out.class_names == [names_by_id[i] for i in sorted(set(raw))]
     assert out.mean == pytest.approx([120.39586422 / 255, 115.59361427 / 255, 104.54012653 / 255])
@@ -218,6 +221,7 @@ def test_miniimagenet_learn2learn_cache(tmp_path: Path, split: str, file: str) -
     out = load_split("miniimagenet", split, tmp_path)
     assert_split(out, images, np.array([0, 1, 2, 2, 0, 1, 0]))
     assert out.class_names == ["n0300", "n0100", "n0200"]
+    assert out.files == (str(tmp_path / "miniimagenet" / file),)
 
 
 @pytest.mark.parametrize(
@@ -238,7 +242,7 @@ def test_learn2learn_cache_bad_indices(tmp_path: Path, class_dict: dict, message
 def test_miniimagenet_image_folder_resizes_to_84(tmp_path: Path) -> None:
     folder = tmp_path / "miniimagenet"
     (folder / "images").mkdir(parents=True)
-    rows, expected, wnids = [], [], []
+    rows, expected, wnids, files = [], [], [], [str(folder / "test.csv")]
     for i, wnid in enumerate(["n02", "n01", "n02", "n03", "n01"]):
         name = f"{wnid}{i:08d}.jpg" if i % 2 else f"{wnid}{i:08d}.png"
         pixels = RNG.integers(0, 256, (100 + i, 90, 3), dtype=np.uint8)
@@ -247,10 +251,12 @@ def test_miniimagenet_image_folder_resizes_to_84(tmp_path: Path) -> None:
             expected.append(np.asarray(img.convert("RGB").resize((84, 84), Image.LANCZOS)))
         rows.append(f"{name},{wnid}")
         wnids.append(wnid)
+        files.append(str(folder / "images" / name))
     (folder / "test.csv").write_text("filename,label\n" + "\n".join(rows) + "\n")
     out = load_split("miniimagenet", "test", tmp_path)
     assert_split(out, np.stack(expected), reference_labels(wnids))
     assert out.class_names == ["n01", "n02", "n03"]
+    assert out.files == tuple(files)  # the list and every image it names
 
 
 def test_miniimagenet_image_folder_falls_back_to_the_shipped_ravi_list(tmp_path: Path) -> None:
@@ -345,6 +351,7 @@ def test_tieredimagenet_npz(tmp_path: Path, split: str, key: str) -> None:
     out = load_split("tieredimagenet", split, tmp_path)
     assert_split(out, images, reference_labels(labels.tolist()))
     assert out.class_names == [names[k] for k in (0, 1, 3)]
+    assert out.files == (str(folder / f"{split}_images.npz"), str(folder / f"{split}_labels.pkl"))
 
 
 def test_tieredimagenet_png_pickle_matches_the_npz(tmp_path: Path) -> None:
@@ -362,6 +369,8 @@ def test_tieredimagenet_png_pickle_matches_the_npz(tmp_path: Path) -> None:
     assert_split(from_png, images, labels)
     assert torch.equal(from_npz.images, from_png.images)
     assert from_npz.class_names == from_png.class_names
+    folder = png_root / "tieredimagenet"
+    assert from_png.files == (str(folder / "val_images_png.pkl"), str(folder / "val_labels.pkl"))
 
 
 def test_tieredimagenet_label_count_mismatch(tmp_path: Path) -> None:
@@ -431,9 +440,11 @@ CIFAR_STD = [68.20947949 / 255, 65.43124043 / 255, 70.45866994 / 255]
 @pytest.mark.parametrize(("dataset", "prefix"), [("cifar-fs", "CIFAR_FS"), ("fc100", "FC100")])
 @pytest.mark.parametrize("split", ["train", "val", "test"])
 def test_cifar_metaoptnet_pickles(tmp_path: Path, dataset: str, prefix: str, split: str) -> None:
-    images, raw, _ = make_gidaris(tmp_path / dataset / f"{prefix}_{split}.pickle", 3, 3, 32, 10)
+    path = tmp_path / dataset / f"{prefix}_{split}.pickle"
+    images, raw, _ = make_gidaris(path, 3, 3, 32, 10)
     out = load_split(dataset, split, tmp_path)
     assert_split(out, images, reference_labels(raw))
+    assert out.files == (str(path),)
     assert out.mean == pytest.approx(CIFAR_MEAN) and out.std == pytest.approx(CIFAR_STD)
 
 
@@ -480,9 +491,10 @@ def test_cifar100_python_folder(cifar100_python, dataset: str, split: str, class
     out = load_split(dataset, split, root)
     assert out.num_classes == classes and out.image_size == 32
     assert torch.bincount(out.labels).tolist() == [3] * classes  # train + test pooled
-    wanted = json.loads(
-        (REPO_DATA / "cifar_fs_fc100" / dataset.replace("-", "_") / f"{split}.json").read_text()
-    )
+    class_list = REPO_DATA / "cifar_fs_fc100" / dataset.replace("-", "_") / f"{split}.json"
+    parts = [root / "cifar-100-python" / name for name in ("train", "test", "meta")]
+    assert out.files == tuple(map(str, [*parts, class_list]))
+    wanted = json.loads(class_list.read_text())
     if dataset == "cifar-fs":
         assert set(out.class_names) == {fine for _, fine in wanted}
     else:

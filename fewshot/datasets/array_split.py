@@ -52,6 +52,7 @@ def hwc_to_split(
     raw_labels: Sequence | np.ndarray,
     *,
     source: str,
+    files: Sequence[Path],
     image_size: int,
     mean: tuple[float, ...],
     std: tuple[float, ...],
@@ -60,8 +61,9 @@ def hwc_to_split(
     """uint8 [N, H, W, 3] images + any hashable labels -> ImageSplit with labels 0..C-1.
 
     Classes are numbered in sorted order of their raw labels; `names` maps a raw label to its
-    class name (default: the label itself). The pixels are not copied: the [N, C, H, W] tensor
-    is a view of the HWC array, i.e. a channels_last tensor, so a 10 GB split stays 10 GB.
+    class name (default: the label itself); `files` are all the files they were read from.
+    The pixels are not copied: the [N, C, H, W] tensor is a view of the HWC array, i.e. a
+    channels_last tensor, so a 10 GB split stays 10 GB.
     """
     if not isinstance(images, np.ndarray) or images.dtype != np.uint8:
         kind = images.dtype if isinstance(images, np.ndarray) else type(images).__name__
@@ -85,6 +87,7 @@ def hwc_to_split(
         mean=mean,
         std=std,
         source=source,
+        files=tuple(map(str, files)),
     )
 
 
@@ -115,6 +118,7 @@ def read_gidaris_pickle(
         data["data"],
         labels,
         source=str(path),
+        files=[path],
         image_size=image_size,
         mean=mean,
         std=std,

@@ -15,6 +15,8 @@ class ImageSplit:
 
     images: uint8 tensor [N, C, H, W]; labels: int64 tensor [N] with values 0..len(class_names)-1.
     mean/std are the per-channel normalisation constants of the dataset (in [0, 1] units).
+    `source` names it in messages; `files` are all the files it was read from (a conversion
+    fingerprints each, to refuse itself when any of them changes).
     """
 
     images: torch.Tensor
@@ -23,6 +25,7 @@ class ImageSplit:
     mean: tuple[float, ...]
     std: tuple[float, ...]
     source: str = ""
+    files: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.images.dtype != torch.uint8 or self.images.dim() != 4:

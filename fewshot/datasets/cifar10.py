@@ -87,4 +87,5 @@ def read_cifar10_jpeg(data_root: Path, split: str) -> ImageSplit:
         mean=tuple(scaled.mean(dim=(0, 2, 3)).tolist()),
         std=tuple(scaled.std(dim=(0, 2, 3)).tolist()),
         source=str(path),
+        files=(str(path),),
     )

@@ -48,9 +48,14 @@ CIFAR_FS = Variant("cifar-fs", "CIFAR_FS", "cifar_fs", by_superclass=False)
 FC100 = Variant("fc100", "FC100", "fc100", by_superclass=True)
 
 
+def split_list_file(variant: Variant, split: str) -> Path:
+    """The shipped class list of a split."""
+    return SPLIT_LISTS / variant.list_folder / f"{split}.json"
+
+
 def split_list(variant: Variant, split: str) -> list[str]:
     """Class names of a split: fine classes (CIFAR-FS) or superclasses (FC100)."""
-    path = SPLIT_LISTS / variant.list_folder / f"{split}.json"
+    path = split_list_file(variant, split)
     if not path.is_file():
         raise FewshotError(f"missing split list {path}")
     entries = json.loads(path.read_text())
@@ -98,6 +103,7 @@ def read_cifar100_python(folder: Path, variant: Variant, split: str) -> ImageSpl
         images,
         fine[keep],
         source=str(base),
+        files=[*(folder / name for name in CIFAR100_FILES), split_list_file(variant, split)],
         image_size=IMAGE_SIZE,
         mean=MEAN,
         std=STD,

@@ -113,6 +113,7 @@ def read_mnist_like(
         mean=(float(images.mean(dtype=np.float64)) / 255,),
         std=(float(images.std(dtype=np.float64)) / 255,),
         source=str(image_path),
+        files=(str(image_path), str(label_path)),
     )
 
 

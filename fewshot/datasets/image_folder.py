@@ -70,8 +70,11 @@ def read_csv_list(path: Path) -> tuple[list[str], list[str]]:
     return list(filenames), list(labels)
 
 
-def read_image_folder(csv_path: Path, images_dir: Path, size: int) -> tuple[np.ndarray, list[str]]:
-    """Images listed in a `filename,label` CSV, read from images_dir -> (HWC array, labels)."""
+def read_image_folder(
+    csv_path: Path, images_dir: Path, size: int
+) -> tuple[np.ndarray, list[str], list[Path]]:
+    """Images listed in a `filename,label` CSV, read from images_dir -> (HWC array, labels,
+    the image files read)."""
     filenames, labels = read_csv_list(csv_path)
     paths = [images_dir / name for name in filenames]
     missing = [p for p in paths if not p.is_file()]
@@ -80,4 +83,4 @@ def read_image_folder(csv_path: Path, images_dir: Path, size: int) -> tuple[np.n
             f"{csv_path}: {len(missing)} of {len(paths)} listed images are missing from "
             f"{images_dir}, e.g. {missing[0].name}"
         )
-    return decode_images(paths, size, source=str(csv_path)), labels
+    return decode_images(paths, size, source=str(csv_path)), labels, paths

@@ -4,7 +4,9 @@
 its checks) and writes DATA_ROOT/<dataset>/memmap/<split>/ {images.npy, labels.npy, meta.json}.
 `load_split` uses those from then on: the images are mapped rather than read, so the processes
 of a torchrun job share one copy in the page cache and start in seconds instead of each
-decoding and holding its own (9.5 GB for tieredImageNet's training split).
+decoding and holding its own (9.5 GB for tieredImageNet's training split). meta.json holds a
+fingerprint of every file the split was read from; when one of them changes, the conversion is
+refused, naming that file.
 """
 
 from __future__ import annotations
@@ -24,9 +26,15 @@ from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import atomic_write_json
 from fewshot.runtime.settings import read_json_object
 
-VERSION = 2  # 2: the source fingerprint hashes sampled content, not the modification time
+# 2: the source fingerprint hashes sampled content, not the modification time;
+# 3: every file the split was read from is fingerprinted, not only the one that names it.
+VERSION = 3
 CHUNK = 4096  # images copied at a time while converting
-SAMPLES, SAMPLE_BYTES = 8, 1 << 16  # chunks of the source hashed into its fingerprint
+SAMPLES = 8  # chunks of each source file hashed into its fingerprint
+# Bytes per chunk: 64 KiB for a split read from a few files, less for one read from many (an
+# image folder's tens of thousands), so that checking a conversion hashes about SAMPLE_BUDGET
+# bytes however many files it came from (never under 512 bytes a chunk).
+SAMPLE_BYTES, SAMPLE_BUDGET, MIN_SAMPLE_BYTES = 1 << 16, 1 << 27, 512
 
 
 def _numbers(value: object) -> bool:
@@ -43,10 +51,19 @@ META_CHECKS: dict[str, Callable[[object], bool]] = {
     "mean": _numbers,
     "std": _numbers,
     "source": lambda v: isinstance(v, str),
-    "source_fingerprint": lambda v: (
-        v is None or (isinstance(v, dict) and set(v) == {"size", "sampled_sha256"})
-    ),
+    "sources": lambda v: isinstance(v, list) and bool(v) and all(map(_source_entry, v)),
 }
+
+
+def _source_entry(value: object) -> bool:
+    """Whether `value` is one source file's record: its path, size and sampled hash."""
+    return (
+        isinstance(value, dict)
+        and set(value) == {"path", "size", "sampled_sha256"}
+        and isinstance(value["path"], str)
+        and isinstance(value["size"], int)
+        and isinstance(value["sampled_sha256"], str)
+    )
 
 
 def memmap_folder(root: Path, dataset: str, split: str) -> Path:
@@ -54,8 +71,13 @@ def memmap_folder(root: Path, dataset: str, split: str) -> Path:
     return root / dataset / "memmap" / split
 
 
-def _fingerprint(source: str) -> dict | None:
-    """Size and a hash of sampled chunks of the file a split was read from (None: not a
+def _sample_bytes(files: int) -> int:
+    """Bytes per hashed chunk of each of a split's `files` source files."""
+    return min(SAMPLE_BYTES, max(MIN_SAMPLE_BYTES, SAMPLE_BUDGET // (SAMPLES * files)))
+
+
+def _fingerprint(source: str, sample_bytes: int) -> dict | None:
+    """Path, size and a hash of sampled chunks of a file a split was read from (None: not a
     readable file).
 
     Sampled, not whole: hashing a multi-GB image file on every load would cost more than the
@@ -64,17 +86,38 @@ def _fingerprint(source: str) -> dict | None:
     confined between samples that keeps the size goes unseen. The modification time is left
     out: copying the data changes it without changing the content.
     """
-    path = Path(source)
     try:
-        with open(path, "rb") as f:
+        with open(source, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             digest = hashlib.sha256(str(size).encode())
             for k in range(SAMPLES):
-                f.seek(k * max(size - SAMPLE_BYTES, 0) // (SAMPLES - 1))
-                digest.update(f.read(SAMPLE_BYTES))
-    except OSError:  # a folder, gone or unreadable: nothing to compare
+                f.seek(k * max(size - sample_bytes, 0) // (SAMPLES - 1))
+                digest.update(f.read(sample_bytes))
+    except OSError:  # gone or unreadable: nothing to compare
         return None
-    return {"size": size, "sampled_sha256": digest.hexdigest()}
+    return {"path": source, "size": size, "sampled_sha256": digest.hexdigest()}
+
+
+def _fingerprints(files: tuple[str, ...]) -> list[dict]:
+    """The fingerprint of every file a split was read from, by absolute path (a relative data
+    root would not resolve from another folder); one that cannot be read is an error."""
+    paths = [os.path.abspath(file) for file in files]
+    found = [_fingerprint(path, _sample_bytes(len(paths))) for path in paths]
+    unreadable = [path for path, entry in zip(paths, found, strict=True) if entry is None]
+    if unreadable:
+        raise FewshotError(f"cannot read {unreadable[0]} again to fingerprint it")
+    return found
+
+
+def _changed(recorded: dict, sample_bytes: int) -> str | None:
+    """How a recorded source file differs from its record now (None: the same, or gone)."""
+    now = _fingerprint(recorded["path"], sample_bytes)
+    # A source that is gone cannot be compared: the conversion stands.
+    if now is None or now == recorded:
+        return None
+    if now["size"] != recorded["size"]:
+        return f"{now['size']} bytes, {recorded['size']} when converted"
+    return "same size, other content"
 
 
 def _reserve(path: Path) -> None:
@@ -98,6 +141,9 @@ def _reserve(path: Path) -> None:
 def write_memmap(split: ImageSplit, folder: Path) -> None:
     """Write `split` as [N, H, W, C] uint8 images.npy, labels.npy and meta.json into `folder`,
     atomically: the folder appears complete or not at all."""
+    if not split.files:
+        raise ValueError(f"{split.source}: the split names no files it was read from")
+    sources = _fingerprints(split.files)
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     n, c, h, w = split.images.shape
@@ -112,7 +158,7 @@ def write_memmap(split: ImageSplit, folder: Path) -> None:
         np.save(partial / "labels.npy", split.labels.numpy())
         meta = {"version": VERSION, "shape": [n, h, w, c], "class_names": split.class_names}
         meta.update(mean=list(split.mean), std=list(split.std), source=split.source)
-        meta["source_fingerprint"] = _fingerprint(split.source)
+        meta["sources"] = sources
         atomic_write_json(meta, partial / "meta.json")
         shutil.rmtree(folder, ignore_errors=True)
         os.replace(partial, folder)
@@ -147,13 +193,14 @@ def read_memmap(folder: Path) -> ImageSplit | None:
     if not meta_path.is_file():
         return None
     meta = _read_meta(folder)
-    recorded, now = meta["source_fingerprint"], _fingerprint(meta["source"])
-    # A source that is gone (or a folder) cannot be compared: the conversion stands.
-    if recorded is not None and now is not None and now != recorded:
-        raise FewshotError(
-            f"{folder}: the source {meta['source']} changed since conversion: convert again "
-            "(fewshot convert, or delete the folder)"
-        )
+    sample_bytes = _sample_bytes(len(meta["sources"]))
+    for recorded in meta["sources"]:
+        change = _changed(recorded, sample_bytes)
+        if change is not None:
+            raise FewshotError(
+                f"{folder}: the source {recorded['path']} changed since conversion ({change}): "
+                "convert again (fewshot convert, or delete the folder)"
+            )
     try:
         # "c": a private mapping; its pages stay shared with other processes until written
         # (they never are), and torch gets a writable array.
@@ -170,6 +217,7 @@ def read_memmap(folder: Path) -> ImageSplit | None:
         tuple(meta["mean"]),
         tuple(meta["std"]),
         source=str(folder),
+        files=tuple(str(folder / name) for name in ("meta.json", "images.npy", "labels.npy")),
     )
 
 

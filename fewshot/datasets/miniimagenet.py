@@ -65,6 +65,7 @@ def read_learn2learn_cache(path: Path) -> ImageSplit:
         images,
         labels,
         source=str(path),
+        files=[path],
         image_size=IMAGE_SIZE,
         mean=MEAN,
         std=STD,
@@ -77,9 +78,15 @@ def read_ravi_folder(folder: Path, split: str) -> ImageSplit:
     csv_path = folder / f"{split}.csv"
     if not csv_path.is_file():
         csv_path = REPO_DATA / FOLDER / f"{split}.csv"
-    images, labels = read_image_folder(csv_path, folder / "images", IMAGE_SIZE)
+    images, labels, paths = read_image_folder(csv_path, folder / "images", IMAGE_SIZE)
     return hwc_to_split(
-        images, labels, source=str(csv_path), image_size=IMAGE_SIZE, mean=MEAN, std=STD
+        images,
+        labels,
+        source=str(csv_path),
+        files=[csv_path, *paths],
+        image_size=IMAGE_SIZE,
+        mean=MEAN,
+        std=STD,
     )
 
 

@@ -91,9 +91,11 @@ def read_omniglot(data_root: Path, split: str) -> ImageSplit:
     # Resize each needed character once; rotations are exact on the 28x28 grid.
     needed = list(dict.fromkeys(key for key, _ in parsed))
     drawings, position = [], {}
+    files = [split_file, folder / "omniglot_index.csv"]
     for file in NPZ_FILES:
         keys = [key for key in needed if index[key][0] == file]
         if keys:
+            files.append(folder / file)
             images, rows = _read_npz(folder / file), np.array([index[k][1] for k in keys])
             if rows.max() >= len(images):
                 raise FewshotError(
@@ -109,5 +111,11 @@ def read_omniglot(data_root: Path, split: str) -> ImageSplit:
     images_t = torch.stack(images).reshape(-1, 1, IMAGE_SIZE, IMAGE_SIZE)
     labels = torch.arange(len(names)).repeat_interleave(20)
     return ImageSplit(
-        images_t.contiguous(), labels, names, mean=(0.0,), std=(1.0,), source=str(split_file)
+        images_t.contiguous(),
+        labels,
+        names,
+        mean=(0.0,),
+        std=(1.0,),
+        source=str(split_file),
+        files=tuple(map(str, files)),
     )

@@ -83,6 +83,7 @@ def read_with_labels(folder: Path, split: str, images_file: str, read_images) ->
         images,
         labels,
         source=str(images_path),
+        files=[images_path, labels_path],
         image_size=IMAGE_SIZE,
         mean=MEAN,
         std=STD,
