@@ -9,8 +9,8 @@ import torch
 
 from fewshot.backbones import Conv4
 from fewshot.datasets.base import ImageSplit
-from fewshot.datasets.sampler import EpisodeShape
-from fewshot.evaluation.episodes import episode_accuracies, evaluate
+from fewshot.datasets.sampler import EpisodeSampler, EpisodeShape
+from fewshot.evaluation.episodes import episode_accuracies, evaluate, seeded_episodes
 from fewshot.methods.embedding import EmbeddingMethod
 from fewshot.runtime.io import load_checkpoint
 from fewshot.training.checkpoint import load_trained
@@ -69,3 +69,25 @@ def test_a_checkpoint_of_the_earlier_setting_names_still_loads(tmp_path):
     assert settings["method"] == "embedding"
     for key, value in model.state_dict().items():
         assert torch.equal(value, ckpt["model"][key]), key
+
+
+def test_seeded_episodes_do_not_depend_on_the_episodes_per_batch(omniglot_test):
+    zoo = Path(__file__).resolve().parents[1] / "models" / "omniglot" / "protonet_conv4_1shot.pt"
+    model, _ = load_trained(zoo, torch.device("cpu"))
+    split, episodes, seed = small_split(omniglot_test), 29, 3  # 29: no batch size divides it
+    # The episodes the default batch of 8 drew before the blocks: one sampler, 8 at a time.
+    old = EpisodeSampler(split.labels, EpisodeShape(5, 1, 15, 8), seed)
+    old_batches = [old.sample() for _ in range(4)]
+    old_index = torch.cat(old_batches)[:episodes]
+    solve = model.solver(split, 1, torch.device("cpu"), True, None)
+    old_accuracies = torch.cat([solve(index) for index in old_batches])[:episodes]
+    for batch in (1, 3, 8, 13):
+        shape = EpisodeShape(5, 1, 15, batch)
+        drawn = list(seeded_episodes(split, shape, episodes, seed))
+        assert [len(index) for index in drawn[:-1]] == [batch] * (len(drawn) - 1)
+        assert torch.equal(torch.cat(drawn), old_index), batch
+        for cache in (True, False):
+            accuracies = episode_accuracies(
+                model, split, shape, episodes, seed, torch.device("cpu"), cache
+            )
+            assert torch.equal(accuracies, old_accuracies), (batch, cache)

@@ -34,7 +34,9 @@ class EpisodeSettings:
     shot: int = setting(1, help="support images per class", low=1)
     query: int = setting(15, help="query images per class", low=1)
     episodes: int = setting(1000, help="number of seeded episodes (>= 2 for a CI)", low=2)
-    episodes_per_batch: int = setting(8, help="episodes per head call", low=1)
+    episodes_per_batch: int = setting(
+        8, help="episodes per head call (memory and speed; the episodes stay the same)", low=1
+    )
     seed: int = seed_setting(0, help="seed of the test episodes")
     device: str = device_setting()
     cache: bool = setting(True, help="embed every image once (--no-cache: every episode)")
@@ -46,8 +48,7 @@ class EpisodeSettings:
     @property
     def shape(self) -> EpisodeShape:
         """The episode shape these settings ask for."""
-        batch = min(self.episodes_per_batch, self.episodes)  # no memory for episodes never drawn
-        return EpisodeShape(self.way, self.shot, self.query, batch)
+        return EpisodeShape(self.way, self.shot, self.query, self.episodes_per_batch)
 
     def accuracies(self, method: Method, split: ImageSplit, device: torch.device) -> torch.Tensor:
         """Per-episode accuracies of a trained method on these episodes, in this evaluation's
