@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import json
 from pathlib import Path
@@ -9,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fewshot.cli.main import COMMANDS, main
+from fewshot.cli.main import COMMANDS, build_parser, main
 from fewshot.methods import build_method
 
 
@@ -261,6 +262,35 @@ def test_every_command_has_help_with_its_settings(capsys, path):
         for f in (f for f in dataclasses.fields(cls) if f.metadata.get("flag")):
             shown = f.name if f.metadata.get("positional") else "--" + f.name.replace("_", "-")
             assert shown in text, shown
+
+
+def command_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """Every leaf command's sub-parser under `parser`, found by walking its sub-commands."""
+    groups = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not groups:
+        return [parser]
+    return [leaf for sub in groups[0].choices.values() for leaf in command_parsers(sub)]
+
+
+def test_every_flag_with_choices_lists_them_all_in_its_help():
+    parsers = command_parsers(build_parser())
+    assert {p.get_default("_command").path for p in parsers} == {c.path for c in COMMANDS}
+    checked = set()
+    for parser in parsers:
+        text = parser.format_help()
+        actions = {action.dest: action for action in parser._actions}
+        for cls in parser.get_default("_command").settings:
+            for f in dataclasses.fields(cls):
+                choices = f.metadata.get("choices")
+                if choices is None or not f.metadata.get("flag"):
+                    continue
+                allowed = list(choices() if callable(choices) else choices)
+                # "--flag {a,b}", or "{a,b}" alone for a positional argument
+                shown = " ".join([*actions[f.name].option_strings[:1], f"{{{','.join(allowed)}}}"])
+                assert shown in text, (parser.prog, shown)
+                checked.add((parser.prog, f.name))
+    # The registries' flags are among them (their choices are callables).
+    assert {("fewshot train", "method"), ("fewshot eval", "dataset")} <= checked
 
 
 def test_help_of_the_root_and_every_command_works(capsys):

@@ -311,8 +311,10 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
             if _is_word_list(hints[f.name]):
                 kwargs["nargs"] = "+"
             choices = f.metadata["choices"]
-            if choices is not None and not callable(choices):
-                kwargs["metavar"] = "{" + ",".join(choices) + "}"
+            if choices is not None:
+                # A registry's choices (a callable) are filled at import, before any parser.
+                allowed = choices() if callable(choices) else choices
+                kwargs["metavar"] = "{" + ",".join(allowed) + "}"
         if f.metadata.get("positional"):
             parser.add_argument(f.name, **kwargs)
         else:
