@@ -214,10 +214,26 @@ def test_an_unwritable_out_is_refused_before_the_work(tmp_path, capsys, monkeypa
     blocker = tmp_path / "file"
     blocker.write_text("")
     args = [*pyrim(tmp_path)[:-1], str(blocker / "under")]
-    assert f"cannot write {blocker / 'under'}" in error_line(capsys, args)
+    assert error_line(capsys, args).endswith(
+        f": --out {blocker / 'under'} lies under {blocker}, which is a file: it must name a folder"
+    )
     # A folder where the result file goes is not replaced either.
     (tmp_path / "out" / "pyrim_ridge_rhg_seed0.json").mkdir(parents=True)
     assert "it is a folder" in error_line(capsys, pyrim(tmp_path))
+
+
+@pytest.mark.parametrize("template", [REG, CLEAN, IMAGE, BV], ids=lambda t: t.split()[1])
+def test_an_out_that_is_a_file_is_refused_naming_it_before_the_work(capsys, tmp_path, template):
+    out = tmp_path / "F"
+    out.write_text("kept")
+    words = template.format(method="rhg", tmp=tmp_path).split()
+    words[words.index("--out") + 1] = str(out)
+    start = time.perf_counter()
+    assert error_line(capsys, words) == (
+        f"fewshot {' '.join(words[:2])}: error: --out {out} is a file: it must name a folder"
+    )
+    assert time.perf_counter() - start < 5  # before any data is read or step is run
+    assert out.read_text() == "kept"
 
 
 def test_the_plot_of_a_kept_result_is_kept(tmp_path, capsys):

@@ -9,7 +9,7 @@ from functools import partial
 from tqdm import tqdm
 
 from fewshot.hpo.tasks import bias_variance, cleaning, image_regularization, regularization
-from fewshot.hpo.tasks.base import Task, TaskSettings, holds_result_of
+from fewshot.hpo.tasks.base import Task, TaskSettings, check_out_folder, holds_result_of
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import prepare_output
 from fewshot.runtime.settings import Command, SettingError, flag_name
@@ -43,7 +43,8 @@ def _progress(total: int | None, label: str) -> Iterator[Callable[..., None]]:
 
 def run_task(task: Task, settings: TaskSettings) -> None:
     """Check the outputs, load the data, run with a progress bar, write and print the report."""
-    # Before any work: the files are writable, and results of other settings are kept.
+    # Before any work: --out is a folder, the files are writable, results of other settings kept.
+    check_out_folder(settings.out)
     outputs = task.outputs(settings)
     same = holds_result_of(settings)
     for path in outputs:

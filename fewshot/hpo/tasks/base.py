@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from fewshot.hpo.ensemble import StepCallback
 from fewshot.hpo.optimize import METHODS, OEHG_RESPLITS, Budget
 from fewshot.hpo.splits import MAX_RESPLITS, RESPLITS_LIMIT_REASON
+from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import atomic_write_json
 from fewshot.runtime.settings import SettingError, check_fields, seed_setting, setting
 
@@ -91,6 +92,18 @@ class HpoSettings(TaskSettings):
         """The step counts of the run."""
         steps = self.outer_step_count()
         return Budget(steps, self.inner_steps, self.truncate, self.solver_steps)
+
+
+def check_out_folder(out: str) -> None:
+    """Refuse an --out that is, or lies under, something other than a folder (before any work:
+    writing the results into it would fail only after the run)."""
+    path = Path(out)
+    existing = next((p for p in (path, *path.parents) if p.exists() or p.is_symlink()), None)
+    if existing is None or existing.is_dir():
+        return
+    what = "a file" if existing.is_file() else "not a folder"
+    where = f"is {what}" if existing == path else f"lies under {existing}, which is {what}"
+    raise FewshotError(f"--out {out} {where}: it must name a folder")
 
 
 # Settings that do not change a result: where it goes and where the data and work are.
