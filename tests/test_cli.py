@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from fewshot.cli.eval import METHOD_SETTINGS
 from fewshot.cli.main import COMMANDS, build_parser, main
 from fewshot.methods import build_method
+from fewshot.runtime.io import load_checkpoint
 
 
 @pytest.fixture(autouse=True)
@@ -76,6 +80,45 @@ def test_train_then_eval(trained, capsys, tmp_path):
     result = json.loads(out.read_text())
     assert line == f"accuracy: {result['accuracy']:.2f} ± {result['ci95']:.2f} %"
     assert result["episodes"] == 20 and result["seed"] == 3
+
+
+def test_eval_records_what_it_was_computed_with_and_keeps_other_results(trained, capsys, tmp_path):
+    checkpoint = tmp_path / "model.pt"
+    shutil.copy(trained / "best.pt", checkpoint)
+    out = tmp_path / "result.json"
+    args = ["eval", "--checkpoint", str(checkpoint), "--query", "3", "--episodes", "4"]
+    args += ["--device", "cpu", "--out", str(out)]
+    assert main(args) == 0
+    record = json.loads(out.read_text())
+    config = load_checkpoint(checkpoint)["config"]
+    assert record["checkpoint_sha256"] == hashlib.sha256(checkpoint.read_bytes()).hexdigest()
+    assert {key: record[key] for key in METHOD_SETTINGS} == {k: config[k] for k in METHOD_SETTINGS}
+    # Other batches give the same episodes and result: the same settings, accepted.
+    assert main([*args, "--episodes-per-batch", "3"]) == 0
+    assert json.loads(out.read_text()) == record
+    kept = out.read_bytes()
+    capsys.readouterr()  # the progress bars of the runs so far
+    other_amp = "off" if record["precision"] == "bf16" else "bf16"
+    refused = "fewshot eval: error: {} already holds another result; pass --overwrite to replace it"
+    changes = [["--way", "4"], ["--shot", "2"], ["--query", "2"], ["--episodes", "5"]]
+    changes += [["--seed", "1"], ["--split", "val"], ["--no-cache"], ["--amp", other_amp]]
+    for change in changes:
+        assert main([*args, *change]) == 2, change
+        assert capsys.readouterr().err.strip() == refused.format(out), change
+        assert out.read_bytes() == kept
+    # The same path holding other evaluation options, then other weights: another checkpoint.
+    ckpt = load_checkpoint(checkpoint)
+    ckpt["config"]["eval_head_options"] = {"normalize_by_dim": True}
+    torch.save(ckpt, checkpoint)
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip() == refused.format(out)
+    assert main([*args, "--overwrite"]) == 0
+    assert json.loads(out.read_text())["eval_head_options"] == {"normalize_by_dim": True}
+    capsys.readouterr()
+    ckpt["model"]["scale"] = ckpt["model"]["scale"] + 1
+    torch.save(ckpt, checkpoint)
+    assert main(args) == 2
+    assert capsys.readouterr().err.strip() == refused.format(out)
 
 
 # (command line, text the one-line error must contain). {tmp} is a fresh folder; {run} a

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -13,10 +14,14 @@ from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluation.episodes import EvalResult, episode_accuracies
 from fewshot.methods.base import Method
 from fewshot.runtime.device import device_setting, resolve_device
-from fewshot.runtime.io import atomic_write_json, prepare_output, same_json
+from fewshot.runtime.io import atomic_write_json, file_sha256, prepare_output, same_json
 from fewshot.runtime.precision import amp_setting, precision_name
 from fewshot.runtime.settings import Command, check_fields, seed_setting, setting
 from fewshot.training.checkpoint import check_fits, checkpoint_file, load_trained
+
+# The checkpoint's settings that decide how its method solves a test episode (the weights are
+# named by the checkpoint's hash): recorded with the result, and a rerun must match them.
+METHOD_SETTINGS = ("method", "method_options", "head", "head_options", "eval_head_options")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,7 +87,11 @@ def run_eval(settings: EvalSettings) -> EvalResult:
     checkpoint = checkpoint_file(settings.checkpoint)
     method, config = load_trained(checkpoint, device)
     dataset = settings.dataset or config["dataset"]
-    record = {"checkpoint": str(checkpoint), "dataset": dataset, "split": settings.split}
+    # Everything the result depends on (the episodes per batch does not: see EPISODE_BLOCK).
+    record = {"checkpoint": str(checkpoint), "checkpoint_sha256": file_sha256(checkpoint)}
+    method_settings = {key: config[key] for key in METHOD_SETTINGS}
+    record.update(json.loads(json.dumps(method_settings)))  # as the JSON file reads back
+    record.update(dataset=dataset, split=settings.split)
     precision = precision_name(settings.amp, device.type)
     record.update(cache=settings.cache, precision=precision)
     record.update(episodes=settings.episodes, way=settings.way, shot=settings.shot)

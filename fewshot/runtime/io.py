@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import os
@@ -132,6 +133,18 @@ def same_json(record: dict) -> Callable[[Path], bool]:
         return isinstance(old, dict) and all(old.get(k) == v for k, v in record.items())
 
     return holds
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file's content, read a MiB at a time."""
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError as e:
+        raise FewshotError(f"cannot read {path}: {e.strerror or e}") from None
+    return digest.hexdigest()
 
 
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict:
