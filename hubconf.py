@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 
 from fewshot.backbones import Conv4, ResNet12
+from fewshot.backbones.arguments import require_bool
 from fewshot.methods import AdaptationMethod, EmbeddingMethod, Method, build_method
 from fewshot.training.checkpoint import load_trained
 
@@ -28,22 +29,44 @@ def resnet12(**kwargs) -> ResNet12:
     return ResNet12(**kwargs)
 
 
-def _zoo_model(name: str, pretrained: bool, device: str) -> Method:
-    """The zoo checkpoint models/omniglot/<name>.pt in eval mode, or its method untrained."""
-    model, config = load_trained(str(ZOO / "omniglot" / f"{name}.pt"), torch.device(device))
+def _device(owner: str, device: object) -> torch.device:
+    """`device` ('cpu', 'cuda', 'cuda:N' or a torch.device) as a device this machine has."""
+    try:
+        resolved = torch.device(device) if isinstance(device, str | torch.device) else None
+    except RuntimeError:  # a string torch cannot parse
+        resolved = None
+    if resolved is None or resolved.type not in ("cpu", "cuda"):
+        raise ValueError(f"{owner} device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
+    if resolved.type == "cuda" and (resolved.index or 0) >= torch.cuda.device_count():
+        raise ValueError(
+            f"{owner} device {device!r}: this machine has {torch.cuda.device_count()} CUDA GPUs"
+        )
+    return resolved
+
+
+def _zoo_model(name: str, owner: str, pretrained: bool, device: str | torch.device) -> Method:
+    """The zoo checkpoint models/omniglot/<name>.pt in eval mode, or its method untrained;
+    the arguments of the hub entry point `owner` checked first."""
+    require_bool(owner, "pretrained", pretrained)
+    place = _device(owner, device)
+    model, config = load_trained(str(ZOO / "omniglot" / f"{name}.pt"), place)
     if not pretrained:
-        model = build_method({**config, "in_channels": 1, "image_size": 28}).to(device).eval()
+        model = build_method({**config, "in_channels": 1, "image_size": 28}).to(place).eval()
     return model
 
 
-def protonet_conv4_omniglot(pretrained: bool = True, device: str = "cpu") -> EmbeddingMethod:
+def protonet_conv4_omniglot(
+    pretrained: bool = True, device: str | torch.device = "cpu"
+) -> EmbeddingMethod:
     """The Conv-4 ProtoNet trained on Omniglot's train+val classes (98.75 % 5-way 1-shot),
     in eval mode; `model.embed(images)` takes float [N, 1, 28, 28] images, ink 1 on 0."""
-    return _zoo_model("protonet_conv4_trainval", pretrained, device)
+    return _zoo_model("protonet_conv4_trainval", "protonet_conv4_omniglot", pretrained, device)
 
 
-def maml_conv4_omniglot(pretrained: bool = True, device: str = "cpu") -> AdaptationMethod:
+def maml_conv4_omniglot(
+    pretrained: bool = True, device: str | torch.device = "cpu"
+) -> AdaptationMethod:
     """MAML on the MAML paper's stride-2 Conv-4, trained 5-way 1-shot on Omniglot's train
     classes within an hour of a 2-core CPU, in eval mode; `model.accuracy(images, shot)` adapts
     to each episode of images [B, 5, shot + query, 1, 28, 28] (support first, ink 1 on 0)."""
-    return _zoo_model("maml_conv4_5way1shot_cpu", pretrained, device)
+    return _zoo_model("maml_conv4_5way1shot_cpu", "maml_conv4_omniglot", pretrained, device)

@@ -116,9 +116,40 @@ def test_conv4_equals_the_textbook_block_order():
         (ResNet12, {"drop_block_size": -1}, "ResNet12 drop_block_size must be an integer >= 1"),
         (ResNet12, {"drop_rate": 1.0}, "ResNet12 drop_rate must be a number in [0, 1), got 1.0"),
         (ResNet12, {"drop_ramp_steps": -5}, "ResNet12 drop_ramp_steps must be an integer >= 0"),
+        (ResNet12, {"avg_pool": "False"}, "ResNet12 avg_pool must be True or False, got 'False'"),
+        # The max-pools come before the average: 8 pixels cannot be embedded either way.
+        (ResNet12, {"image_size": 8, "avg_pool": True}, "ResNet12 needs images of at least 16"),
     ],
 )
 def test_constructor_arguments_are_checked_by_name(cls, options, message):
     with pytest.raises(ValueError) as error:
         cls(**options)
     assert str(error.value).startswith(message)
+
+
+@pytest.mark.parametrize(
+    ("net", "images", "message"),
+    [
+        (Conv4(1, image_size=28), torch.zeros(2, 3, 28, 28), "Conv4 input must be float images "
+         "[N, 1, H, W] with H, W >= 16, got a torch.float32 tensor of shape (2, 3, 28, 28)"),
+        (Conv4(1, image_size=28), torch.zeros(2, 1, 8, 8), "Conv4 input must be float images "
+         "[N, 1, H, W] with H, W >= 16, got a torch.float32 tensor of shape (2, 1, 8, 8)"),
+        (Conv4(1, image_size=28), torch.zeros(1, 28, 28), "Conv4 input must be float images "
+         "[N, 1, H, W] with H, W >= 16, got a torch.float32 tensor of shape (1, 28, 28)"),
+        (Conv4(1, image_size=28), torch.zeros(2, 1, 28, 28, dtype=torch.uint8), "Conv4 input "
+         "must be float images [N, 1, H, W] with H, W >= 16, got a torch.uint8 tensor"),
+        (ResNet12(image_size=32, drop_block_size=2), torch.zeros(2, 1, 32, 32), "ResNet12 "
+         "input must be float images [N, 3, H, W] with H, W >= 16, got a torch.float32 tensor"),
+        (ResNet12(image_size=32, drop_block_size=2), torch.zeros(2, 3, 12, 32), "ResNet12 "
+         "input must be float images [N, 3, H, W] with H, W >= 16, got a torch.float32 tensor"),
+    ],
+)  # fmt: skip
+def test_forward_refuses_other_channels_or_too_small_images_in_one_line(net, images, message):
+    with pytest.raises(ValueError) as error:
+        net(images)
+    assert str(error.value).startswith(message) and "\n" not in str(error.value)
+
+
+def test_the_strided_conv4_embeds_small_images():
+    net = Conv4(1, image_size=28, downsample="stride")
+    assert net(torch.zeros(2, 1, 8, 8)).shape == (2, 64)

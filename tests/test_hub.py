@@ -61,3 +61,22 @@ def test_hub_keyword_arguments_are_checked_by_name():
         torch.hub.load(str(REPO), "resnet12", source="local", drop_block_size=-1)
     with pytest.raises(ValueError, match="Conv4 in_channels must be an integer >= 1, got 'x'"):
         torch.hub.load(str(REPO), "conv4", source="local", in_channels="x")
+
+
+@pytest.mark.parametrize("entry", ["protonet_conv4_omniglot", "maml_conv4_omniglot"])
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        # A string is no boolean: "False" returned the trained model before.
+        ({"pretrained": "False"}, "pretrained must be True or False, got 'False'"),
+        ({"pretrained": 0}, "pretrained must be True or False, got 0"),
+        ({"device": "gpu"}, "device must be 'cpu', 'cuda' or 'cuda:N', got 'gpu'"),
+        ({"device": 3.5}, "device must be 'cpu', 'cuda' or 'cuda:N', got 3.5"),
+        ({"device": "meta"}, "device must be 'cpu', 'cuda' or 'cuda:N', got 'meta'"),
+        ({"device": "cuda:99"}, "device 'cuda:99': this machine has"),
+    ],
+)
+def test_zoo_entry_points_check_their_arguments_by_name(entry, arguments, message):
+    with pytest.raises(ValueError) as error:
+        torch.hub.load(str(REPO), entry, source="local", **arguments)
+    assert str(error.value).startswith(f"{entry} {message}")

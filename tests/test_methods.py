@@ -4,6 +4,7 @@ ordinary commands, without touching the trainer, the evaluator or the command li
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from fewshot.cli.main import main
 from fewshot.methods import METHODS, Method
 from fewshot.methods.resplit import resplit_episodes
 from fewshot.runtime.io import load_checkpoint
+from fewshot.training.checkpoint import load_trained
 
 
 class LinearFinetune(Method):
@@ -100,3 +102,51 @@ def test_options_of_another_method_are_refused_naming_the_key(finetune, tmp_path
     bad = ["train", "--method-options", '{"steps": 2}', "--out", str(tmp_path / "run")]
     assert main(bad) == 2
     assert "--method-options has no option 'steps' for embedding" in capsys.readouterr().err
+
+
+ZOO = Path(__file__).resolve().parents[1] / "models" / "omniglot"
+
+
+@pytest.fixture(scope="module", params=["protonet_conv4_trainval", "maml_conv4_5way1shot_cpu"])
+def trained(request):
+    """An embedding and an adaptation method of the zoo (1 x 28 x 28 images, 5-way)."""
+    return load_trained(ZOO / f"{request.param}.pt", torch.device("cpu"))[0]
+
+
+def test_the_accuracy_of_real_episodes_is_a_fraction_per_episode(trained, omniglot_test):
+    index = torch.arange(2 * 5 * 4).view(2, 5, 4) + 20 * torch.arange(5).view(1, 5, 1)
+    images = omniglot_test.images[index].float() / 255
+    accuracy = trained.accuracy(images, 1)
+    assert accuracy.shape == (2,) and ((accuracy >= 0) & (accuracy <= 1)).all()
+
+
+@pytest.mark.parametrize(
+    ("images", "shot", "message"),
+    [
+        # shot = pool leaves no query (NaN before); shot 0 has no support.
+        (torch.zeros(2, 5, 4, 1, 28, 28), 4, "shot must be an integer with 1 <= shot < pool = 4"),
+        (torch.zeros(2, 5, 4, 1, 28, 28), 0, "shot must be an integer with 1 <= shot < pool = 4"),
+        (torch.zeros(2, 5, 4, 1, 28, 28), True, "shot must be an integer"),
+        (torch.zeros(2, 5, 4, 1, 28, 28), 1.0, "shot must be an integer"),
+        # 3 channels for a 1-channel model (a vmap or convolution error before); a 4-D tensor
+        # (reported as a way mismatch before); another image size; uint8 pixels; no tensor.
+        (torch.zeros(2, 5, 4, 3, 28, 28), 1, "images must be a float tensor [B, way, pool, 1, 28"),
+        (torch.zeros(20, 1, 28, 28), 1, "images must be a float tensor [B, way, pool, 1, 28, 28]"),
+        (torch.zeros(2, 5, 4, 1, 84, 84), 1, "images must be a float tensor"),
+        (torch.zeros(2, 5, 4, 1, 28, 28, dtype=torch.uint8), 1, "images must be a float tensor"),
+        ([[0.0]], 1, "images must be a float tensor [B, way, pool, 1, 28, 28] (support first"),
+    ],
+)
+def test_accuracy_refuses_bad_episodes_in_one_line_naming_the_argument(
+    trained, images, shot, message
+):
+    with pytest.raises(ValueError) as caught:
+        trained.accuracy(images, shot)
+    text = str(caught.value)
+    assert text.startswith(f"{type(trained).__name__}.accuracy {message}"), text
+    assert "\n" not in text
+    if "images" in message:  # the value it got, named
+        shown = tuple(images.shape) if isinstance(images, torch.Tensor) else "a list"
+        assert str(shown) in text
+    else:
+        assert text.endswith(f"got {shot!r}")

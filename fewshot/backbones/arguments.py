@@ -1,14 +1,48 @@
-"""Argument checks of the backbone constructors: one place, shared by the CLI and torch.hub."""
+"""Argument checks of the backbones and the hub: one place, shared by the CLI and torch.hub.
+
+Each refusal is one ValueError naming the owner, the argument, what it got and what is allowed.
+"""
 
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 
 def require_int(owner: str, name: str, value: Any, low: int) -> None:
     """Refuse anything but an integer >= `low` (bool is not one), naming the argument."""
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
         raise ValueError(f"{owner} {name} must be an integer >= {low}, got {value!r}")
+
+
+def require_bool(owner: str, name: str, value: Any) -> None:
+    """Refuse anything but True or False (the string 'False' would count as true)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{owner} {name} must be True or False, got {value!r}")
+
+
+def require_images(owner: str, images: Any, channels: int, smallest: int) -> None:
+    """Refuse anything but float images [N, channels, H, W] with H and W >= `smallest`."""
+    if (
+        isinstance(images, torch.Tensor)
+        and images.is_floating_point()
+        and images.dim() == 4
+        and images.shape[1] == channels
+        and min(images.shape[2:]) >= smallest
+    ):
+        return
+    raise ValueError(
+        f"{owner} input must be float images [N, {channels}, H, W] with H, W >= {smallest}, "
+        f"got {describe_tensor(images)}"
+    )
+
+
+def describe_tensor(value: Any) -> str:
+    """'a torch.uint8 tensor of shape (2, 3)' (or the type of a non-tensor), for refusals."""
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
 
 
 def require_rate(owner: str, name: str, value: Any) -> None:

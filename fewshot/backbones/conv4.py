@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fewshot.backbones.arguments import require_int
+from fewshot.backbones.arguments import require_images, require_int
 
 
 def conv_block(in_channels: int, out_channels: int, stride: bool = False) -> nn.Sequential:
@@ -49,6 +49,10 @@ class Conv4(nn.Module):
         if downsample not in ("pool", "stride"):
             raise ValueError(f"Conv4 downsample must be 'pool' or 'stride', got {downsample!r}")
         self.channels, self.stride = channels, downsample == "stride"
+        self.in_channels, self.image_size = in_channels, image_size
+        # Four 2x2 max-pools leave nothing of an image under 16 pixels; stride-2 convolutions
+        # (padded) take any size.
+        self.smallest = 1 if self.stride else 2**4
         self.encoder = nn.Sequential(
             conv_block(in_channels, channels, self.stride),
             *(conv_block(channels, channels, self.stride) for _ in range(3)),
@@ -57,16 +61,17 @@ class Conv4(nn.Module):
 
     def feature_dim(self, image_size: int) -> int:
         """Length of the flat feature vector for square inputs of `image_size` pixels."""
+        if image_size < self.smallest:
+            raise ValueError(
+                f"Conv4 needs images of at least {self.smallest} pixels, got {image_size}"
+            )
         if self.stride:
             return self.channels
-        side = image_size
-        for _ in range(4):
-            side //= 2
-        if side < 1:
-            raise ValueError(f"Conv4 needs images of at least 16 pixels, got {image_size}")
+        side = image_size // 2**4
         return self.channels * side * side
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Embed images [B, C, H, W] into [B, out_dim]."""
+        require_images("Conv4", x, self.in_channels, self.smallest)
         features = self.encoder(x)
         return features.mean((2, 3)) if self.stride else features.flatten(1)

@@ -6,7 +6,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fewshot.backbones.arguments import require_int, require_rate
+from fewshot.backbones.arguments import require_bool, require_images, require_int, require_rate
+
+SMALLEST = 2**4  # four 2x2 max-pools leave nothing of an image under 16 pixels
 
 
 class DropBlock(nn.Module):
@@ -82,6 +84,7 @@ class ResNet12(nn.Module):
         super().__init__()
         require_int("ResNet12", "in_channels", in_channels, 1)
         require_int("ResNet12", "image_size", image_size, 1)
+        require_bool("ResNet12", "avg_pool", avg_pool)
         if not isinstance(channels, list | tuple) or len(channels) != 4:
             raise ValueError(f"ResNet12 channels must be 4 integers, got {channels!r}")
         for width in channels:
@@ -90,6 +93,7 @@ class ResNet12(nn.Module):
         require_int("ResNet12", "drop_block_size", drop_block_size, 1)
         require_int("ResNet12", "drop_ramp_steps", drop_ramp_steps, 0)
         self.channels, self.avg_pool = tuple(channels), avg_pool
+        self.in_channels, self.image_size = in_channels, image_size
         self.drop_rate, self.drop_ramp_steps = drop_rate, drop_ramp_steps
         widths = (in_channels, *channels)
         self.blocks = nn.ModuleList(
@@ -104,13 +108,13 @@ class ResNet12(nn.Module):
 
     def feature_dim(self, image_size: int) -> int:
         """Length of the flat feature vector for square inputs of `image_size` pixels."""
+        if image_size < SMALLEST:  # with avg_pool too: the pools come first
+            raise ValueError(
+                f"ResNet12 needs images of at least {SMALLEST} pixels, got {image_size}"
+            )
         if self.avg_pool:
             return self.channels[-1]
-        side = image_size
-        for _ in range(4):
-            side //= 2
-        if side < 1:
-            raise ValueError(f"ResNet12 needs images of at least 16 pixels, got {image_size}")
+        side = image_size // SMALLEST
         return self.channels[-1] * side * side
 
     def current_drop_block_rate(self) -> float:
@@ -120,6 +124,7 @@ class ResNet12(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Embed images [B, C, H, W] into [B, out_dim]."""
+        require_images("ResNet12", x, self.in_channels, SMALLEST)
         block_rate = self.current_drop_block_rate()
         if self.training:
             self.drop_steps += 1

@@ -24,7 +24,7 @@ from torch.func import functional_call, replace_all_batch_norm_modules_, vmap
 from fewshot.backbones import build_backbone
 from fewshot.hpo.hypergrad import Bilevel, aid_cg, rhg
 from fewshot.hpo.trees import Tree, tree_detach, tree_flatten
-from fewshot.methods.base import Method
+from fewshot.methods.base import Method, check_episodes
 from fewshot.methods.resplit import resplit_episodes
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.precision import autocast_dtype
@@ -191,6 +191,7 @@ class AdaptationMethod(Method):
 
     def accuracy(self, images: torch.Tensor, shot: int) -> torch.Tensor:
         """Query accuracy of each test episode after `eval_inner_steps` steps on its support."""
+        check_episodes("AdaptationMethod.accuracy", images, shot, self.network.backbone)
         self.check_way(images.shape[1])
         with torch.no_grad():
             lam, train, val, problems = self._episodes(images, None, shot)

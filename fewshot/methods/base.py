@@ -4,16 +4,42 @@ accuracies. The trainer, the evaluator and the command line know only this inter
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
+from fewshot.backbones.arguments import describe_tensor
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import images_to_device
 from fewshot.runtime.signals import Stop
 
 # index [B, way, pool] of a split's images -> query accuracy of each episode [B]
 EpisodeSolver = Callable[[torch.Tensor], torch.Tensor]
+
+
+def check_episodes(owner: str, images: Any, shot: Any, backbone: nn.Module) -> None:
+    """Refuse test episodes other than float images [B, way, pool, C, H, W] of the backbone's
+    channels and size with 1 <= shot < pool, in one line naming the argument (a library call's
+    ValueError: the command line checks its settings before any data is read)."""
+    c, size = backbone.in_channels, backbone.image_size
+    if not (
+        isinstance(images, torch.Tensor)
+        and images.is_floating_point()
+        and images.dim() == 6
+        and images.shape[3:] == (c, size, size)
+        and min(images.shape[:3]) >= 1
+    ):
+        raise ValueError(
+            f"{owner} images must be a float tensor [B, way, pool, {c}, {size}, {size}] "
+            f"(support first in each class's pool), got {describe_tensor(images)}"
+        )
+    pool = images.shape[2]
+    if not isinstance(shot, int) or isinstance(shot, bool) or not 1 <= shot < pool:
+        raise ValueError(
+            f"{owner} shot must be an integer with 1 <= shot < pool = {pool} (the rest of each "
+            f"class's pool are its queries), got {shot!r}"
+        )
 
 
 class Method(nn.Module):

@@ -14,7 +14,7 @@ from fewshot.backbones import build_backbone
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import images_to_device
 from fewshot.heads import HEADS
-from fewshot.methods.base import EpisodeSolver, Method
+from fewshot.methods.base import EpisodeSolver, Method, check_episodes
 from fewshot.methods.resplit import episode_loss
 from fewshot.runtime.precision import autocast_dtype
 from fewshot.runtime.signals import Stop, check_stop
@@ -68,6 +68,7 @@ class EmbeddingMethod(Method):
     @torch.no_grad()
     def accuracy(self, images: torch.Tensor, shot: int) -> torch.Tensor:
         """Query accuracy of each test episode, embedding its images."""
+        check_episodes("EmbeddingMethod.accuracy", images, shot, self.backbone)
         b, way, pool = images.shape[:3]
         embeddings = self.embed(images.flatten(0, 2)).view(b, way, pool, -1)
         return episode_loss(embeddings, self.head, self.scale, shot)[1]
