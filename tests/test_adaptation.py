@@ -25,7 +25,7 @@ def method(variant: str, **options) -> AdaptationMethod:
     """A float64 method on a tiny Conv-4 (2 channels, 16x16 images)."""
     settings = TrainSettings(
         method=variant, way=WAY, val_way=WAY, shot=SHOT, query=QUERY, amp="off",
-        backbone_options={"channels": 2}, method_options=options,
+        backbone_options={"channels": 2}, method_options=options, channels_last=False,
     )  # fmt: skip
     torch.manual_seed(0)
     return build_method({**asdict(settings), "in_channels": 1, "image_size": 16}).double()
@@ -263,7 +263,7 @@ def test_a_method_trains_resumes_exactly_and_evaluates(
         (["--method", "maml", "--backbone", "resnet12"], "--backbone must be conv4 for maml"),
         (
             ["--method", "anil", "--head-options", '{"lam": 2}'],
-            "--head-options do not apply to anil",
+            "--head-options does not apply to --method anil",
         ),
         (["--method", "maml", "--val-way", "20"], "--val-way must equal way (5) for maml"),
     ],

@@ -144,3 +144,35 @@ def test_the_maml_family_starts_from_its_own_optimizer_under_files_and_flags(tmp
     assert tuple(getattr(anil, k) for k in keys) == ("sgd", 0.01, 0.0, [[5, 0.1]])
     embedding = make_config(None, {})
     assert (embedding.optimizer, embedding.lr, embedding.weight_decay) == ("sgd", 0.1, 5e-4)
+
+
+@pytest.mark.parametrize("method", ["embedding", "maml", "fomaml", "anil", "imaml"])
+def test_channels_last_is_honoured_or_refused_before_any_data(method, tmp_path, capsys):
+    """BatchNorm inside vmap cannot query channels_last tensors on CUDA, so the variants that
+    adapt every layer under vmap default to contiguous tensors and refuse channels_last in one
+    line before reading data; the embedding method and ANIL (backbone outside vmap) honour it."""
+    assert make_config(None, {"method": method}).channels_last == (method == "embedding")
+    args = ["train", "--method", method, "--channels-last", "--data-root", str(tmp_path / "none")]
+    code = main([*args, "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    if method in ("maml", "fomaml", "imaml"):
+        assert code == 2 and len(err.splitlines()) == 1
+        assert f"--channels-last does not apply to --method {method}" in err
+    else:  # accepted: it gets as far as the missing data root
+        assert code == 2 and "data root" in err and "--channels-last" not in err
+
+
+@pytest.mark.parametrize(
+    ("given", "head_options"),
+    [
+        ({"backbone": "resnet12"}, {"normalize_by_dim": True}),
+        ({"backbone": "resnet12", "head": "ridge"}, {}),
+        ({"backbone": "resnet12", "head_options": {}}, {}),
+        ({"backbone": "conv4"}, {}),
+        ({"backbone": "resnet12", "method": "anil"}, {}),
+    ],
+)
+def test_resnet12_protonet_divides_distances_by_the_dimension_unless_told(given, head_options):
+    """ResNet-12's large features made unnormalised squared distances diverge under SGD 0.1;
+    its ProtoNet default is MetaOptNet's normalised one, under config files and flags."""
+    assert make_config(None, given).head_options == head_options

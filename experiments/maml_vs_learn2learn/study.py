@@ -93,6 +93,7 @@ def main() -> None:
         "--epochs", str(args.epochs), "--episodes-per-epoch", str(args.episodes_per_epoch),
         "--episodes-per-batch", str(args.episodes_per_batch), "--optimizer", "adam",
         "--lr", "0.001", "--weight-decay", "0", "--lr-schedule", "[]", "--amp", "off",
+        "--no-channels-last",
         "--seed", str(args.seed), "--device", "cpu",
     ]  # fmt: skip
     folders = {}

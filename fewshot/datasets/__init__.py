@@ -39,18 +39,24 @@ def load_split(
         raise FewshotError(f"unknown dataset {dataset!r}; choose from {', '.join(dataset_names())}")
     root = resolve_data_root(data_root)
     mapped = read_memmap(memmap_folder(root, dataset, split)) if converted else None
-    if mapped is not None:
-        return mapped
     try:
-        return READERS[dataset](root, split)
+        data = READERS[dataset](root, split) if mapped is None else mapped
     except (OSError, ValueError, EOFError, zlib.error, zipfile.BadZipFile) as e:
         # The readers name the file at fault where they can; this is the net below them.
         raise FewshotError(
             f"cannot read {dataset} {split!r} under {root}: {type(e).__name__}: {summary(e)}"
         ) from None
+    channels, side = GEOMETRY[dataset]
+    if (data.channels, data.image_size, data.images.shape[3]) != (channels, side, side):
+        raise FewshotError(
+            f"{data.source}: {dataset} images must be {channels} x {side} x {side}, got "
+            f"{' x '.join(map(str, data.images.shape[1:]))}"
+        )
+    return data
 
 
 # Imported last: the reader modules read REPO_DATA from this package.
+from fewshot.datasets import cifar100_fewshot, miniimagenet, omniglot  # noqa: E402
 from fewshot.datasets.cifar100_fewshot import read_cifar_fs, read_fc100  # noqa: E402
 from fewshot.datasets.miniimagenet import read_miniimagenet  # noqa: E402
 from fewshot.datasets.omniglot import read_omniglot  # noqa: E402
@@ -65,5 +71,22 @@ READERS: dict[str, Reader] = {
     "omniglot": read_omniglot,
     "tieredimagenet": read_tieredimagenet,
 }
+# What each reader gives: (channels, image side). Settings are checked against it before any
+# data is read (a network, an augmentation and a memory estimate depend on it).
+GEOMETRY: dict[str, tuple[int, int]] = {
+    "cifar-fs": (3, cifar100_fewshot.IMAGE_SIZE),
+    "fc100": (3, cifar100_fewshot.IMAGE_SIZE),
+    "miniimagenet": (3, miniimagenet.IMAGE_SIZE),
+    "omniglot": (1, omniglot.IMAGE_SIZE),
+    "tieredimagenet": (3, miniimagenet.IMAGE_SIZE),
+}
 
-__all__ = ["READERS", "ImageSplit", "Reader", "dataset_names", "load_split", "resolve_data_root"]
+__all__ = [
+    "GEOMETRY",
+    "READERS",
+    "ImageSplit",
+    "Reader",
+    "dataset_names",
+    "load_split",
+    "resolve_data_root",
+]

@@ -13,6 +13,7 @@ from fewshot.methods.adaptation import (
     VARIANTS,
     AdaptationMethod,
     adaptation_builder,
+    unused_settings,
 )
 from fewshot.methods.base import Method
 from fewshot.methods.embedding import EmbeddingMethod, build_embedding_method
@@ -22,15 +23,23 @@ MethodBuilder = Callable[..., Method]
 METHODS: dict[str, MethodBuilder] = {}
 # Per method: the training settings it starts from, under any config file and flags.
 TRAINING_DEFAULTS: dict[str, dict] = {}
+# Per method: the training settings it never reads, refused unless neutral (its training
+# default where it gives one, else the general default).
+UNUSED_SETTINGS: dict[str, frozenset[str]] = {}
 
 
 def register_method(
-    name: str, builder: MethodBuilder, training_defaults: dict | None = None
+    name: str,
+    builder: MethodBuilder,
+    training_defaults: dict | None = None,
+    unused: frozenset[str] = frozenset(),
 ) -> None:
     """Make a method available to the settings (`--method NAME`), training and evaluation;
-    `training_defaults` (e.g. its optimizer) replace the general defaults for it."""
+    `training_defaults` (e.g. its optimizer) replace the general defaults for it, and the
+    settings named in `unused` are refused unless they keep their neutral value."""
     METHODS[name] = builder
     TRAINING_DEFAULTS[name] = training_defaults or {}
+    UNUSED_SETTINGS[name] = frozenset(unused)
 
 
 def method_names() -> list[str]:
@@ -46,11 +55,14 @@ def build_method(settings: dict) -> Method:
 
 register_method("embedding", build_embedding_method)
 for _variant in VARIANTS:
-    register_method(_variant, adaptation_builder(_variant), MAML_TRAINING)
+    register_method(
+        _variant, adaptation_builder(_variant), MAML_TRAINING, unused_settings(_variant)
+    )
 
 __all__ = [
     "METHODS",
     "TRAINING_DEFAULTS",
+    "UNUSED_SETTINGS",
     "AdaptationMethod",
     "EmbeddingMethod",
     "Method",

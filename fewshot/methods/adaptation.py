@@ -31,8 +31,23 @@ from fewshot.runtime.precision import autocast_dtype
 from fewshot.runtime.settings import SettingError
 
 VARIANTS = ("maml", "fomaml", "anil", "imaml")
-# The MAML paper's meta-optimisation, which these methods train with unless told otherwise.
-MAML_TRAINING = {"optimizer": "adam", "lr": 1e-3, "weight_decay": 0.0, "lr_schedule": []}
+# The MAML paper's meta-optimisation, which these methods train with unless told otherwise;
+# contiguous tensors, since BatchNorm under vmap refuses channels_last on CUDA.
+MAML_TRAINING = {
+    "optimizer": "adam",
+    "lr": 1e-3,
+    "weight_decay": 0.0,
+    "lr_schedule": [],
+    "channels_last": False,
+}
+
+
+def unused_settings(variant: str) -> frozenset[str]:
+    """The training settings a variant never reads: the embedding heads' and, for the
+    variants that adapt every layer under vmap, channels_last (BatchNorm inside vmap cannot
+    query a channels_last tensor on CUDA; ANIL runs its backbone outside vmap)."""
+    unused = {"head", "head_options", "eval_head_options", "label_smoothing"}
+    return frozenset(unused if variant == "anil" else unused | {"channels_last"})
 
 
 class Network(nn.Module):
@@ -222,10 +237,6 @@ def adaptation_builder(variant: str):
                 "backbone",
                 f"must be conv4 for {variant}, which adapts every layer per episode (anil "
                 f"adapts the classifier alone and takes any backbone), got {settings['backbone']}",
-            )
-        if settings["head_options"] or settings["eval_head_options"]:
-            raise SettingError(
-                "head_options", f"do not apply to {variant}: its classifier is a linear layer"
             )
         if settings.get("val_way", settings["way"]) != settings["way"]:
             raise SettingError(

@@ -180,6 +180,31 @@ def check_options(key: str, options: dict, target: Callable, name: str | None = 
             check_type(f"{key}.{option}", hints[option], value)
 
 
+def refuse_unused(
+    obj: Any, unused: Iterable[str], owner: str, neutral: dict[str, Any] | None = None
+) -> None:
+    """The one rule for options that `owner` (e.g. '--method maml') does not read: each must
+    hold its neutral value (its field's default, or `neutral[name]`), else SettingError.
+
+    Value-based, not 'was it given': a checkpoint or config file that spells out a neutral
+    value still builds, and a value that would change nothing is not an error.
+    """
+    defaults = {f.name: _field_default(f) for f in dataclasses.fields(obj)}
+    for name in unused:
+        value, wanted = getattr(obj, name), (neutral or {}).get(name, defaults[name])
+        if value != wanted:
+            raise SettingError(
+                name, f"does not apply to {owner} (got {value!r}; leave it at {wanted!r})"
+            )
+
+
+def _field_default(f: dataclasses.Field) -> Any:
+    """A dataclass field's default value (its factory's product for mutable defaults)."""
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return f.default
+
+
 def flag_name(key: str) -> str:
     """'episodes_per_batch' -> '--episodes-per-batch'."""
     return "--" + key.replace("_", "-")

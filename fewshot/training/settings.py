@@ -10,9 +10,17 @@ from pathlib import Path
 import torch
 
 from fewshot.backbones import BACKBONES
-from fewshot.datasets import dataset_names
+from fewshot.backbones import TRAINING_DEFAULTS as BACKBONE_DEFAULTS
+from fewshot.datasets import GEOMETRY, dataset_names
+from fewshot.datasets.augment import PAPER_PADDING
 from fewshot.heads import HEADS
-from fewshot.methods import METHODS, TRAINING_DEFAULTS, build_method, method_names
+from fewshot.methods import (
+    METHODS,
+    TRAINING_DEFAULTS,
+    UNUSED_SETTINGS,
+    build_method,
+    method_names,
+)
 from fewshot.methods.resplit import distinct_resplits
 from fewshot.runtime.device import device_setting
 from fewshot.runtime.errors import FewshotError
@@ -23,6 +31,7 @@ from fewshot.runtime.settings import (
     check_fields,
     check_options,
     read_json_object,
+    refuse_unused,
     seed_setting,
     setting,
 )
@@ -52,12 +61,19 @@ class TrainSettings:
         help="backbone keyword options as JSON, e.g. '{\"drop_block_size\": 2}'",
         default_factory=dict,
     )
-    head: str = setting("protonet", help="classification head", choices=tuple(HEADS))
+    head: str = setting(
+        "protonet",
+        help="classification head (embedding method); ResNet-12's protonet divides "
+        "squared distances by the dimension unless head options say otherwise",
+        choices=tuple(HEADS),
+    )
     head_options: dict = setting(
-        help="head keyword options as JSON, e.g. '{\"lam\": 50}'", default_factory=dict
+        help="head keyword options as JSON, e.g. '{\"lam\": 50}' (embedding method)",
+        default_factory=dict,
     )
     eval_head_options: dict = setting(
-        help="head options for validation and testing only (e.g. fewer SVM iterations)",
+        help="head options for validation and testing only (e.g. fewer SVM iterations; "
+        "embedding method)",
         default_factory=dict,
     )
     way: int = setting(5, help="classes per training episode", low=1)
@@ -79,15 +95,23 @@ class TrainSettings:
         choices=("sgd", "adam"),
     )
     lr: float = setting(0.1, help="base learning rate", above=0)
-    momentum: float = setting(0.9, help="SGD momentum", low=0, below=1)
+    momentum: float = setting(0.9, help="SGD momentum (optimizer sgd)", low=0, below=1)
     weight_decay: float = setting(5e-4, help="L2 weight decay", low=0)
     lr_schedule: list = setting(
         help="[[epoch, factor], ...]: from that (0-based) epoch on, lr = base lr * factor",
         default_factory=lambda: [[20, 0.06], [40, 0.012], [50, 0.0024]],
     )
-    label_smoothing: float = setting(0.0, help="label smoothing of the query loss", low=0, below=1)
-    augment: bool = setting(False, help="MetaOptNet's training augmentation")
-    channels_last: bool = setting(True, help="channels_last memory format for the backbone")
+    label_smoothing: float = setting(
+        0.0, help="label smoothing of the query loss (embedding method)", low=0, below=1
+    )
+    augment: bool = setting(
+        False, help="MetaOptNet's training augmentation (84x84 and 32x32 datasets)"
+    )
+    channels_last: bool = setting(
+        True,
+        help="channels_last memory format for the backbone (embedding method and anil; the "
+        "MAML family defaults to off)",
+    )
     amp: str = amp_setting()
     seed: int = seed_setting(0, help="seed of the episodes, splits, augmentation and weights")
     device: str = device_setting()
@@ -95,11 +119,19 @@ class TrainSettings:
 
     @classmethod
     def defaults_for(cls, values: dict) -> list[tuple[str, dict]]:
-        """The layer under `values`: the training defaults of the method they choose."""
-        method = values.get("method", cls.method)
-        if not isinstance(method, str):  # a wrong type: refused by the field check
-            return []
-        return [(f"--method {method}", copy.deepcopy(TRAINING_DEFAULTS.get(method, {})))]
+        """The layers under `values`: the training defaults of the backbone with the head
+        they choose (for methods with a head), then those of the method."""
+        method, backbone, head = (
+            values.get(key, getattr(cls, key)) for key in ("method", "backbone", "head")
+        )
+        if not all(isinstance(v, str) for v in (method, backbone, head)):
+            return []  # a wrong type: refused by the field check
+        layers = []
+        if "head" not in UNUSED_SETTINGS.get(method, ()):
+            pair = BACKBONE_DEFAULTS.get(backbone, {}).get(head, {})
+            layers.append((f"--backbone {backbone} with --head {head}", copy.deepcopy(pair)))
+        layers.append((f"--method {method}", copy.deepcopy(TRAINING_DEFAULTS.get(method, {}))))
+        return layers
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -132,13 +164,27 @@ class TrainSettings:
                     "lr_schedule",
                     f"entry {i} must be [epoch >= 0 (an integer), factor > 0], got {entry!r}",
                 )
+        # What the method or the optimizer never reads must keep its neutral value.
+        owner = f"--method {self.method}"
+        unused, neutral = UNUSED_SETTINGS.get(self.method, ()), TRAINING_DEFAULTS.get(self.method)
+        refuse_unused(self, unused, owner, neutral)
+        if self.optimizer != "sgd":
+            refuse_unused(self, ["momentum"], f"--optimizer {self.optimizer}")
         check_options("method_options", self.method_options, METHODS[self.method], self.method)
         check_options("backbone_options", self.backbone_options, BACKBONES[self.backbone])
+        channels, side = GEOMETRY[self.dataset]
+        if self.augment and side not in PAPER_PADDING:
+            raise SettingError(
+                "augment",
+                f"does not apply to --dataset {self.dataset}: MetaOptNet's augmentation is "
+                f"defined for {' and '.join(f'{s}x{s}' for s in PAPER_PADDING)} images, not "
+                f"{side}x{side}",
+            )
         # The method and its backbone check their own options; on the meta device building
-        # them costs nothing (the geometry is any the backbones accept).
+        # them for the dataset's images costs nothing.
         try:
             with torch.device("meta"):
-                build_method({**asdict(self), "in_channels": 3, "image_size": 84})
+                build_method({**asdict(self), "in_channels": channels, "image_size": side})
         except ValueError as e:  # the backbone's
             raise SettingError("backbone_options", str(e)) from None
         for key in ("head_options", "eval_head_options"):
@@ -191,11 +237,15 @@ RENAMED = {"ehg_splits": "resplits"}
 
 def checkpoint_settings(ckpt: dict, path: str | Path) -> dict:
     """The TrainSettings saved in a checkpoint, checked; settings added since it was written
-    take their defaults (which reproduce how such runs behaved), renamed ones their new name."""
+    take their defaults (which reproduce how such runs behaved), renamed ones their new name,
+    and those its method never read their neutral value (older runs accepted any)."""
     config = ckpt.get("config")
     if not isinstance(config, dict):
         raise FewshotError(f"{path} is not a fewshot training checkpoint (it has no config)")
+    unused = UNUSED_SETTINGS.get(config.get("method", TrainSettings.method), ())
     values = {
-        RENAMED.get(k, k): v for k, v in config.items() if k not in ("in_channels", "image_size")
+        RENAMED.get(k, k): v
+        for k, v in config.items()
+        if k not in ("in_channels", "image_size") and k not in unused
     }
     return build(TrainSettings, [(f"checkpoint {path}", values)]).to_dict()
