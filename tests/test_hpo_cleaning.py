@@ -140,21 +140,23 @@ def test_oehg_down_weights_corrupted_examples(small_data):
 
 
 def test_rhg_and_trhg_down_weight_corrupted_examples(small_data):
-    for method in ("rhg", "trhg"):
-        changes = {"outer_steps": 6, "inner_steps": 8, "truncate": 2, "retrain_steps": 10}
+    for method, window in (("rhg", {}), ("trhg", {"truncate": 2})):
+        changes = {"outer_steps": 6, "inner_steps": 8, "retrain_steps": 10, **window}
         result = run(settings(method=method, **changes), small_data)
         assert result.corrupted_mean_weight + 0.15 < result.clean_mean_weight, method
         assert result.f1 > 70, method
 
 
 def test_settings_are_checked():
-    with pytest.raises(SettingError, match="resplits applies to oehg only"):
+    with pytest.raises(SettingError, match="resplits does not apply to --method rhg"):
         settings(method="rhg", resplits=3)
     with pytest.raises(SettingError, match=r"more than n_train \(600\)"):
         settings(resplits=3, extra_val=400)
     with pytest.raises(SettingError, match="truncate must be <= inner_steps"):
         settings(method="trhg", truncate=100, inner_steps=64)
-    settings(method="rhg", truncate=100, inner_steps=2)  # rhg does not read --truncate
+    settings(method="rhg", inner_steps=2)  # below the default window, which rhg does not read
+    with pytest.raises(SettingError, match="truncate does not apply to --method rhg"):
+        settings(method="rhg", truncate=2)
 
 
 def test_cli_prints_scores_and_writes_json(tmp_path, capsys, shared_data_root):

@@ -103,7 +103,11 @@ REFUSED = [
     (REG.format(method="rhg", tmp="{tmp}").replace("logistic", "ridge"), "", "--model ridge"),
     (CLEAN.format(method="oehg", tmp="{tmp}"), "--seed -1", "--seed must be >= 0"),
     (CLEAN.format(method="oehg", tmp="{tmp}"), "--noise 1.0", "--noise must be >= 0 and < 1"),
-    (CLEAN.format(method="rhg", tmp="{tmp}"), "--resplits 3", "--resplits applies to oehg only"),
+    (
+        CLEAN.format(method="rhg", tmp="{tmp}"),
+        "--resplits 3",
+        "--resplits does not apply to --method rhg (got 3; leave it at None)",
+    ),
     (
         CLEAN.format(method="trhg", tmp="{tmp}"),
         "--inner-steps 2",
@@ -124,7 +128,7 @@ REFUSED = [
     (BV, "--repeats 0", "--repeats must be >= 1"),
     (BV, "--seed -5", "--seed must be >= 0"),
     # 7 MiB a step: 10^9 steps cannot fit on any machine; refused before the first step.
-    (BV, "--inner-steps 1000000000", "--inner-steps 1000000000 would keep a 6884336 GiB RHG"),
+    (BV, "--inner-steps 1000000000", "needs about 6884336.5 GiB (1000000000 kept RHG steps"),
 ]
 
 

@@ -112,7 +112,17 @@ def test_evaluate_counts_signs_against_labels():
     assert loss == pytest.approx((0 + 0 + 1.5 + 4) / 4)
 
 
-@pytest.mark.parametrize("method", ["rhg", "trhg", "aid-fp", "aid-cg", "oehg"])
+# The step counts each method reads (any other is refused: test_hpo_options).
+STEPS = {
+    "rhg": {"inner_steps": 16},
+    "trhg": {"inner_steps": 16, "truncate": 4},
+    "aid-fp": {"inner_steps": 16, "solver_steps": 5},
+    "aid-cg": {"inner_steps": 16, "solver_steps": 5},
+    "oehg": {},
+}
+
+
+@pytest.mark.parametrize("method", list(STEPS))
 def test_short_runs_are_seeded_and_report_the_deployed_model(heart, method):
     settings = Settings(
         dataset="heart",
@@ -120,11 +130,9 @@ def test_short_runs_are_seeded_and_report_the_deployed_model(heart, method):
         method=method,
         out="unused",
         outer_steps=8,
-        inner_steps=16,
-        truncate=4,
-        solver_steps=5,
         resplits=2,
         eval_points=4,
+        **STEPS[method],
     )
     first, second = run(settings, heart), run(settings, heart)
     assert first.lam == second.lam and first.test_loss == second.test_loss
@@ -160,6 +168,6 @@ def test_user_errors(heart):
 
 def test_truncation_is_checked_for_trhg_only():
     base = {"dataset": "heart", "out": "unused", "model": "svm", "inner_steps": 8}
-    Settings(**base, method="rhg", truncate=32)  # rhg does not use --truncate
+    Settings(**base, method="rhg")  # rhg does not use --truncate (default 32)
     with pytest.raises(SettingError, match=r"truncate must be <= inner_steps \(8\), got 32"):
         Settings(**base, method="trhg", truncate=32)

@@ -1,25 +1,58 @@
 """The contract of a `fewshot hpo` task: its settings' shared fields and checks, and `Task`.
 
 A task is one file: a settings dataclass (a subclass of `TaskSettings`, or of `HpoSettings` when
-it learns hyperparameters with one of `METHODS`), a `load` that reads the data (and puts it on
-the device), a `run` that takes a step callback, and a `Task` value naming the command, its
-result file and its report. `fewshot.hpo.cli` turns every registered `Task` into a command.
+it learns hyperparameters with one of `METHODS`, with its table of the fields each method does
+not read), a `load` that checks the run's memory estimate (`check_memory`) and reads the data
+(and puts it on the device), a `run` that takes a step callback, and a `Task` value naming the
+command, its result file and its report. `fewshot.hpo.cli` turns every registered `Task` into a
+command.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
+
+import torch
 
 from fewshot.hpo.ensemble import StepCallback
 from fewshot.hpo.optimize import METHODS, OEHG_RESPLITS, Budget
 from fewshot.hpo.splits import MAX_RESPLITS, RESPLITS_LIMIT_REASON
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import atomic_write_json
-from fewshot.runtime.settings import SettingError, check_fields, seed_setting, setting
+from fewshot.runtime.memory import format_bytes, refuse_if_too_big
+from fewshot.runtime.settings import (
+    SettingError,
+    check_fields,
+    refuse_unused,
+    seed_setting,
+    setting,
+)
+
+# The methods that re-train from theta0 every outer step (Algorithms 1-3); OEHG runs online.
+OFFLINE_METHODS = tuple(m for m in METHODS if m != "oehg")
+# The fields every HPO task has that a method does not read: K is the offline methods' inner
+# steps (OEHG takes its own steps per outer step), the window T-RHG's, the solver steps AID's.
+METHOD_UNUSED: dict[str, frozenset[str]] = {
+    "rhg": frozenset({"truncate", "solver_steps"}),
+    "trhg": frozenset({"solver_steps"}),
+    "aid-fp": frozenset({"truncate"}),
+    "aid-cg": frozenset({"truncate"}),
+    "oehg": frozenset({"inner_steps", "truncate", "solver_steps"}),
+}
+
+
+@dataclass(frozen=True)
+class MemoryTerm:
+    """One part of a run's memory estimate: bytes (a lower bound), what they hold, and the flag
+    that shrinks them (None: fixed by the task)."""
+
+    size: int
+    what: str
+    lower: str | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,8 +77,9 @@ class HpoSettings(TaskSettings):
     and may redeclare a field to change its default.
     """
 
-    # False: RHG / T-RHG / AID see the original split only, so --resplits is OEHG's alone.
-    OFFLINE_RESPLITS: ClassVar[bool] = True
+    # The task's own fields that some methods do not read, {method: fields}: with METHOD_UNUSED
+    # the table `unused` gives (a task whose flags depend on its data or model extends that).
+    TASK_UNUSED: ClassVar[dict[str, frozenset[str]]] = {}
 
     method: str = setting(help="hypergradient method", choices=METHODS)
     resplits: int | None = setting(
@@ -54,7 +88,7 @@ class HpoSettings(TaskSettings):
         low=1,
     )
     data_root: str | None = setting(None, help="folder holding the data sets (default: data/)")
-    inner_steps: int = setting(128, help="K of RHG / T-RHG / AID", low=1)
+    inner_steps: int = setting(128, help="K of RHG / T-RHG / AID (not oehg)", low=1)
     truncate: int = setting(16, help="T-RHG window (trhg)", low=1)
     solver_steps: int = setting(20, help="Z for AID (aid-fp, aid-cg)", low=1)
     outer_lr: float = setting(0.01, help="Adam on the hyperparameters", above=0)
@@ -66,17 +100,37 @@ class HpoSettings(TaskSettings):
                 "resplits",
                 f"must be <= {MAX_RESPLITS}, got {self.resplits}: {RESPLITS_LIMIT_REASON}",
             )
-        if not self.OFFLINE_RESPLITS and self.method != "oehg" and self.resplits not in (None, 1):
-            raise SettingError(
-                "resplits",
-                f"applies to oehg only ({self.method} uses the original split), "
-                f"got {self.resplits}",
-            )
+        for owner, fields in self.unused().items():
+            refuse_unused(self, sorted(fields), owner)
         # Only T-RHG reads the window: other methods run with any inner_steps.
         if self.method == "trhg" and self.truncate > self.inner_steps:
             raise SettingError(
                 "truncate", f"must be <= inner_steps ({self.inner_steps}), got {self.truncate}"
             )
+
+    def unused(self) -> dict[str, frozenset[str]]:
+        """{the flag and value that rule them out: the fields they leave unread}; each of those
+        fields must keep its default (`refuse_unused`)."""
+        fields = METHOD_UNUSED[self.method] | self.TASK_UNUSED.get(self.method, frozenset())
+        return {f"--method {self.method}": fields}
+
+    def kept_steps(self) -> tuple[int, str | None]:
+        """The inner steps one hypergradient back-propagates through, all kept in memory at
+        once, and the flag that sets them (None: fixed): K for RHG, the window for T-RHG, OEHG's
+        steps per outer step, one for AID (it solves its linear system at theta_K)."""
+        steps = {
+            "rhg": (self.inner_steps, "--inner-steps"),
+            "trhg": (self.truncate, "--truncate"),
+            "oehg": (self.budget().oehg_inner_steps, None),
+        }
+        return steps.get(self.method, (1, None))
+
+    def kept_steps_memory(self, step_bytes: int, otherwise: str) -> MemoryTerm:
+        """The memory term of the kept inner steps, `step_bytes` each; `otherwise` is the flag
+        to lower where the method fixes their count."""
+        steps, flag = self.kept_steps()
+        what = f"{steps} kept inner step{'s' * (steps != 1)}"
+        return MemoryTerm(steps * step_bytes, what, flag or otherwise)
 
     def resplit_count(self) -> int:
         """U: `resplits` if given, else OEHG's default for oehg and 1 for the other methods."""
@@ -104,6 +158,14 @@ def check_out_folder(out: str) -> None:
     what = "a file" if existing.is_file() else "not a folder"
     where = f"is {what}" if existing == path else f"lies under {existing}, which is {what}"
     raise FewshotError(f"--out {out} {where}: it must name a folder")
+
+
+def check_memory(terms: Sequence[MemoryTerm], device: torch.device) -> None:
+    """Refuse, in one line, a run whose estimate (the sum of `terms`) exceeds what `device` has
+    available, naming the flag of the largest term that has one."""
+    largest = max((t for t in terms if t.lower), key=lambda term: term.size)
+    detail = ", ".join(f"{t.what}: {format_bytes(t.size)}" for t in terms if t.size)
+    refuse_if_too_big(sum(t.size for t in terms), device, "the run", str(largest.lower), detail)
 
 
 # Settings that do not change a result: where it goes and where the data and work are.

@@ -16,6 +16,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -24,12 +25,21 @@ from fewshot.hpo.batches import Minibatches
 from fewshot.hpo.ensemble import StepCallback
 from fewshot.hpo.hypergrad import Bilevel
 from fewshot.hpo.optimize import OEHG_RESPLITS, optimize
-from fewshot.hpo.tasks.base import Task, run_stem, write_json
+from fewshot.hpo.tasks.base import (
+    OFFLINE_METHODS,
+    MemoryTerm,
+    Task,
+    check_memory,
+    run_stem,
+    write_json,
+)
 from fewshot.hpo.tasks.classifiers import (
     ClassifierSettings,
     classifier_logits,
     classifier_scores,
     init_classifier,
+    parameter_count,
+    step_bytes,
 )
 from fewshot.hpo.tasks.cleaning_data import (
     CLEANING_DATASETS,
@@ -39,7 +49,7 @@ from fewshot.hpo.tasks.cleaning_data import (
     draw_cleaning_data,
     training_data,
 )
-from fewshot.hpo.tasks.image_data import load_image_dataset
+from fewshot.hpo.tasks.image_data import FLAT_SIZES, NUM_CLASSES, load_image_dataset
 from fewshot.hpo.trees import Theta
 from fewshot.runtime.device import resolve_device
 from fewshot.runtime.settings import SettingError, setting
@@ -49,19 +59,25 @@ from fewshot.runtime.settings import SettingError, setting
 class Settings(ClassifierSettings):
     """`fewshot hpo cleaning`: everything a run depends on (the paper's setting, our steps)."""
 
+    # Fields a method does not read, besides HpoSettings' (METHOD_UNUSED): the offline methods
+    # learn on the original split, without OEHG's splits and the examples they move.
+    TASK_UNUSED: ClassVar[dict[str, frozenset[str]]] = {
+        m: frozenset({"resplits", "extra_val"}) for m in OFFLINE_METHODS
+    }
+
     dataset: str = setting(help="image set", choices=CLEANING_DATASETS)
     noise: float = setting(0.5, help="share of corrupted labels", low=0, below=1)
     n_train: int = setting(8000, help="training examples", low=1)
     n_val: int = setting(2000, help="validation examples", low=1)
     n_test: int = setting(10000, help="test examples", low=1)
     outer_steps: int | None = setting(None, help="T (default: equal budgets)", low=1)
-    inner_steps: int = setting(64, help="K of RHG / T-RHG / AID", low=1)
+    inner_steps: int = setting(64, help="K of RHG / T-RHG / AID (not oehg)", low=1)
     inner_lr: float | None = setting(None, help="default 0.5 (sr) / 0.2 (mlp)", above=0)
     outer_lr: float = setting(0.1, help="Adam on weight logits", above=0)
     batch: int | None = setting(None, help="default: all (sr), 500 (mlp)", low=1)
     val_batch: int | None = setting(None, help="default: all (sr), 500 (mlp)", low=1)
     threshold: float = setting(0.5, help="flag weights below", above=0, below=1)
-    extra_val: int = setting(400, help="moved per OEHG split", low=0)
+    extra_val: int = setting(400, help="examples moved per OEHG split (oehg)", low=0)
     retrain_steps: int = setting(1000, help="Dirty Tr / Weight Tr SGD steps", low=1)
     clean_confidence: float = setting(0.9, help="OEHG: clean", above=0, high=1, flag=False)
     resplit_every: int = setting(50, help="OEHG: re-draw splits", low=1, flag=False)
@@ -173,10 +189,28 @@ class CleaningResult:
     clean_mean_weight: float = 0.0
 
 
+def memory_terms(s: Settings) -> list[MemoryTerm]:
+    """Lower bounds on what a run keeps at its peak: the three sets, OEHG's U splits (a copy of
+    the training and validation sets and a model each), and the inner steps one hypergradient
+    back-propagates through."""
+    in_dim = FLAT_SIZES[s.dataset]
+    batch = min(s.batch_size(), s.n_train)  # a larger batch is the whole set
+    step = step_bytes(s.model, in_dim, NUM_CLASSES, batch, batch < s.n_train, penalised=False)
+    count = s.resplit_count() if s.method == "oehg" else 0
+    split = (s.n_train + s.n_val) * in_dim + parameter_count(s.model, in_dim, NUM_CLASSES)
+    return [
+        MemoryTerm(4 * (s.n_train + s.n_val + s.n_test) * in_dim, "the data", "--n-train"),
+        MemoryTerm(4 * count * split, f"OEHG's splits for U = {count}", "--resplits"),
+        s.kept_steps_memory(step, "--batch"),
+    ]
+
+
 def load(settings: Settings) -> CleaningData:
-    """The seeded draw the settings name, with corrupted labels, on the settings' device."""
+    """The seeded draw the settings name, with corrupted labels, on the settings' device
+    (memory checked first)."""
     s = settings
     device = resolve_device(s.device)
+    check_memory(memory_terms(s), device)
     train = load_image_dataset(s.dataset, "train", s.data_root)
     test = load_image_dataset(s.dataset, "test", s.data_root)
     s.check_image_counts(len(train.labels), len(test.labels))

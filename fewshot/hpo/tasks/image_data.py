@@ -18,6 +18,9 @@ from fewshot.runtime.errors import FewshotError
 IMAGE_READERS = {"mnist": read_mnist, "fashion-mnist": read_fashion_mnist}
 IMAGE_READERS["cifar10"] = read_cifar10_jpeg
 IMAGE_DATASETS = tuple(IMAGE_READERS)
+# Pixels per flat row and the class count of each set: known before reading it (memory checks).
+FLAT_SIZES = {"mnist": 28 * 28, "fashion-mnist": 28 * 28, "cifar10": 3 * 32 * 32}
+NUM_CLASSES = 10
 
 
 def load_image_dataset(

@@ -16,6 +16,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -24,19 +25,36 @@ from fewshot.hpo.batches import Minibatches
 from fewshot.hpo.ensemble import StepCallback
 from fewshot.hpo.hypergrad import Bilevel
 from fewshot.hpo.optimize import OEHG_RESPLITS, optimize
-from fewshot.hpo.splits import make_splits
-from fewshot.hpo.tasks.base import Task, run_stem, write_json
+from fewshot.hpo.splits import make_splits, validation_size
+from fewshot.hpo.tasks.base import (
+    OFFLINE_METHODS,
+    MemoryTerm,
+    Task,
+    check_memory,
+    run_stem,
+    write_json,
+)
 from fewshot.hpo.tasks.classifiers import (
     ClassifierSettings,
     classifier_logits,
     classifier_scores,
     init_classifier,
+    parameter_count,
+    step_bytes,
 )
-from fewshot.hpo.tasks.image_data import IMAGE_DATASETS, flat_pixels, load_image_dataset
+from fewshot.hpo.tasks.image_data import (
+    FLAT_SIZES,
+    IMAGE_DATASETS,
+    NUM_CLASSES,
+    flat_pixels,
+    load_image_dataset,
+)
 from fewshot.hpo.trees import Theta
 from fewshot.runtime.device import resolve_device
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.settings import setting
+
+N_OBSERVED, N_TEST = 10000, 10000  # the paper's observed and test images
 
 
 @dataclass(frozen=True)
@@ -59,8 +77,8 @@ def draw_observed_data(
     dataset: str,
     seed: int = 0,
     data_root: str | os.PathLike | None = None,
-    n_observed: int = 10000,
-    n_test: int = 10000,
+    n_observed: int = N_OBSERVED,
+    n_test: int = N_TEST,
 ) -> ObservedData:
     """A seeded draw of `n_observed` training images and `n_test` test images, flat in [0, 1]."""
     train = load_image_dataset(dataset, "train", data_root)
@@ -74,7 +92,11 @@ def draw_observed_data(
     obs = torch.randperm(len(train.labels), generator=gen)[:n_observed]
     te = torch.randperm(len(test.labels), generator=gen)[:n_test]
     return ObservedData(
-        flat_pixels(train, obs), train.labels[obs], flat_pixels(test, te), test.labels[te], 10
+        flat_pixels(train, obs),
+        train.labels[obs],
+        flat_pixels(test, te),
+        test.labels[te],
+        NUM_CLASSES,
     )
 
 
@@ -96,6 +118,12 @@ def regularization_problem(inner_lr: float) -> Bilevel:
 @dataclass(frozen=True, kw_only=True)
 class Settings(ClassifierSettings):
     """`fewshot hpo image-regularization` (paper's protocol; step counts fit a small CPU)."""
+
+    # Fields a method does not read, besides HpoSettings' (METHOD_UNUSED): the offline methods
+    # learn on one split.
+    TASK_UNUSED: ClassVar[dict[str, frozenset[str]]] = {
+        m: frozenset({"resplits"}) for m in OFFLINE_METHODS
+    }
 
     dataset: str = setting(help="image set", choices=IMAGE_DATASETS)
     gamma: float = setting(0.2, help="validation share", above=0, below=1, flag=False)
@@ -132,9 +160,31 @@ class ImageRegularizationResult:
     outer_losses: list[float] = field(default_factory=list)
 
 
+def memory_terms(s: Settings) -> list[MemoryTerm]:
+    """Lower bounds on what a run keeps at its peak: the data, the U splits' copies of it (and
+    OEHG's U models), and the inner steps one hypergradient back-propagates through."""
+    in_dim = FLAT_SIZES[s.dataset]
+    params = parameter_count(s.model, in_dim, NUM_CLASSES)
+    count = s.resplit_count()
+    train_rows = N_OBSERVED - validation_size(N_OBSERVED, s.gamma)
+    batch = min(s.batch, train_rows)  # a larger batch is the whole set
+    step = step_bytes(s.model, in_dim, NUM_CLASSES, batch, batch < train_rows, penalised=True)
+    models = params if s.method == "oehg" else 0
+    return [
+        MemoryTerm(4 * (N_OBSERVED + N_TEST) * in_dim, "the data", None),
+        MemoryTerm(
+            4 * count * (N_OBSERVED * in_dim + models),
+            f"the data's copies for U = {count}",
+            "--resplits" if s.method == "oehg" else None,
+        ),
+        s.kept_steps_memory(step, "--batch"),
+    ]
+
+
 def load(settings: Settings) -> ObservedData:
-    """The seeded draw the settings name, on the settings' device."""
+    """The seeded draw the settings name, on the settings' device (memory checked first)."""
     device = resolve_device(settings.device)
+    check_memory(memory_terms(settings), device)
     return draw_observed_data(settings.dataset, settings.seed, settings.data_root).to(device)
 
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -30,7 +31,14 @@ from fewshot.hpo.ensemble import StepCallback
 from fewshot.hpo.hypergrad import Bilevel
 from fewshot.hpo.optimize import Budget, optimize
 from fewshot.hpo.splits import make_splits, validation_size
-from fewshot.hpo.tasks.base import HpoSettings, Task, run_stem
+from fewshot.hpo.tasks.base import (
+    OFFLINE_METHODS,
+    HpoSettings,
+    MemoryTerm,
+    Task,
+    check_memory,
+    run_stem,
+)
 from fewshot.hpo.trees import Theta
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import atomic_save_figure, atomic_write_json
@@ -46,12 +54,18 @@ Data = tuple[torch.Tensor, torch.Tensor]
 class Settings(HpoSettings):
     """`fewshot hpo regularization`: everything that defines one run."""
 
+    # Fields a method does not read, besides HpoSettings' (METHOD_UNUSED); `unused` adds
+    # --holdout for the sets with a test file.
+    TASK_UNUSED: ClassVar[dict[str, frozenset[str]]] = {
+        m: frozenset({"oehg_inner_steps"}) for m in OFFLINE_METHODS
+    }
+
     dataset: str = setting(help="LIBSVM set", choices=sorted(DATASETS))
     model: str = setting(help="linear model", choices=MODELS)
     per_parameter: bool = setting(False, help="one lambda per weight")
     gamma: float = setting(0.2, help="validation share", above=0, below=1)
     outer_steps: int = setting(1000, help="T", low=1)
-    oehg_inner_steps: int = setting(1, help="inner steps per outer step of oehg", low=1)
+    oehg_inner_steps: int = setting(1, help="inner steps per outer step (oehg)", low=1)
     truncate: int = setting(32, help="T-RHG window (trhg)", low=1)
     inner_lr: float | None = setting(
         None,
@@ -78,6 +92,19 @@ class Settings(HpoSettings):
                 "aid-cg cannot learn the svm's lambda: the hinge loss has no curvature, so its "
                 "Hessian system is singular (use rhg, trhg, aid-fp or oehg)",
             )
+
+    def unused(self) -> dict[str, frozenset[str]]:
+        """The method's unused fields, and --holdout where the set has a test file."""
+        owners = super().unused()
+        if DATASETS[self.dataset].test_file is not None:
+            owners[f"--dataset {self.dataset}"] = frozenset({"holdout"})
+        return owners
+
+    def kept_steps(self) -> tuple[int, str | None]:
+        """As HpoSettings', with OEHG's steps per outer step set by --oehg-inner-steps."""
+        if self.method == "oehg":
+            return self.oehg_inner_steps, "--oehg-inner-steps"
+        return super().kept_steps()
 
     def outer_step_count(self) -> int:
         """T."""
@@ -117,10 +144,27 @@ class RegularizationResult:
     curve: list[tuple[int, float]] = field(default_factory=list)
 
 
+def memory_terms(s: Settings, rows: int, features: int) -> list[MemoryTerm]:
+    """Lower bounds on what a run on `rows` x `features` observed data keeps at its peak
+    (float64): the U splits' copies of it, and the inner steps one hypergradient
+    back-propagates through, each keeping at least 3 vectors as long as the training part and
+    4 as long as the weights (measured on the four models: 4.2 to 6.5, and 5.8 to 11)."""
+    count = s.resplit_count()
+    train_rows = rows - validation_size(rows, s.gamma)
+    step = 8 * (3 * train_rows + 4 * (features + 1))
+    return [
+        MemoryTerm(8 * count * rows * features, f"the data's copies for U = {count}", "--resplits"),
+        s.kept_steps_memory(step, "--resplits"),
+    ]
+
+
 def load(settings: Settings) -> TabularData:
-    """The observed and test sets the settings name (holdout and seed applied)."""
+    """The observed and test sets the settings name (holdout and seed applied), refused before
+    any step if the run cannot fit in memory (the shapes are known once the file is read)."""
     shuffle = HOLDOUTS[settings.holdout]
-    return load_dataset(settings.dataset, settings.seed, settings.data_root, shuffle)
+    data = load_dataset(settings.dataset, settings.seed, settings.data_root, shuffle)
+    check_memory(memory_terms(settings, *data.x_observed.shape), torch.device("cpu"))
+    return data
 
 
 def data_loss(model: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
