@@ -14,7 +14,7 @@ from fewshot.backbones.arguments import require_bool
 from fewshot.methods import AdaptationMethod, EmbeddingMethod, Method, build_method
 from fewshot.training.checkpoint import load_trained
 
-dependencies = ["torch", "torchvision", "numpy", "qpth"]
+dependencies = ["torch", "torchvision", "numpy"]
 
 ZOO = Path(__file__).resolve().parent / "models"
 

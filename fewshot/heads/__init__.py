@@ -16,6 +16,14 @@ Head = Callable[..., torch.Tensor]
 HEADS: dict[str, Head] = {"protonet": protonet, "ridge": ridge, "svm": svm}
 
 
+def check_head(name: str, way: int, shot: int, options: dict) -> None:
+    """Run a head once on a tiny episode of this shape: its own checks (one-line
+    FewshotErrors) refuse options and shapes it cannot take, before any data is read."""
+    support = torch.eye(way * shot).unsqueeze(0)  # independent features: any kernel is regular
+    labels = torch.arange(way).repeat_interleave(shot).unsqueeze(0)
+    HEADS[name](support[:, :1], support, labels, way, shot, **options)
+
+
 def get_head(name: str) -> Head:
     """Return the head registered under name."""
     if name not in HEADS:
@@ -23,4 +31,4 @@ def get_head(name: str) -> Head:
     return HEADS[name]
 
 
-__all__ = ["HEADS", "Head", "get_head", "protonet", "ridge", "svm"]
+__all__ = ["HEADS", "Head", "check_head", "get_head", "protonet", "ridge", "svm"]

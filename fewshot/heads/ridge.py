@@ -24,4 +24,5 @@ def ridge(
     eye = torch.eye(support.shape[1], dtype=support.dtype, device=support.device)
     regularized_gram = support @ support.transpose(1, 2) + lam * eye
     dual_coefficients = torch.cholesky_solve(targets, torch.linalg.cholesky(regularized_gram))
-    return query @ support.transpose(1, 2) @ dual_coefficients
+    # Primal weights S^T c [d, way] first: cheaper than Q S^T when way < queries.
+    return query @ (support.transpose(1, 2) @ dual_coefficients)

@@ -1,4 +1,4 @@
-"""MetaOptNet-SVM head: the Crammer-Singer multi-class SVM dual, a QP solved by qpth.
+"""MetaOptNet-SVM head: the Crammer-Singer multi-class SVM dual, a differentiable QP.
 
 Dual, for support x_i with labels y_i and coefficients alpha_i in R^way:
 
@@ -8,42 +8,44 @@ Dual, for support x_i with labels y_i and coefficients alpha_i in R^way:
 and class m scores a query q as sum_i (q.x_i) alpha_i[m]. dual_ridge = 1 is MetaOptNet's
 stabiliser; it equals the plain SVM on support features extended by sqrt(dual_ridge) e_i.
 
-The equality constraint is eliminated by writing alpha_i = basis beta_i, with basis a fixed
-way x (way-1) basis of the zero-sum vectors. Newton steps are affine invariant, so qpth's
-interior-point iterates are the same as for MetaOptNet's form (also when truncated at
-max_iter), but each step factors fewer and smaller matrices.
+Two solvers: "interior-point" (the default, `fewshot.heads.crammer_singer`: exploits the
+problem's structure, solves to a tolerance, implicit gradient) and "qpth", MetaOptNet's solver,
+for comparison with its truncated interior point (15 iterations in training, 3 in testing):
+an optional extra (`pip install fewshot[qpth]`), whose metadata pins numpy < 2.
+
+For qpth the equality constraint is eliminated by writing alpha_i = basis beta_i, with basis a
+fixed way x (way-1) basis of the zero-sum vectors. Newton steps are affine invariant, so qpth's
+iterates are the same as for MetaOptNet's form (also when truncated at max_iter), but each step
+factors fewer and smaller matrices.
 """
 
 from __future__ import annotations
 
 import torch
 
+from fewshot.heads.crammer_singer import check_problem, solve_crammer_singer
 from fewshot.heads.episode_inputs import check_query, support_one_hot
 from fewshot.runtime.errors import FewshotError
 
+SOLVERS = ("interior-point", "qpth")
+# Iteration caps when max_iter is not given: the native solver stops at its tolerance long
+# before (8-20 iterations); qpth runs MetaOptNet's 15.
+DEFAULT_MAX_ITER = {"interior-point": 50, "qpth": 15}
 
-def crammer_singer_dual(
-    support: torch.Tensor,
-    support_labels: torch.Tensor,
-    way: int,
-    shot: int,
-    C: float = 0.1,
-    max_iter: int = 15,
-    dual_ridge: float = 1.0,
+
+def _qpth_dual(
+    kernel: torch.Tensor, one_hot: torch.Tensor, C: float, max_iter: int, tol: float | None
 ) -> torch.Tensor:
-    """Return the dual coefficients alpha [B, ns, way] after max_iter interior-point steps."""
-    if way < 2:
-        raise FewshotError(f"the SVM head needs way >= 2 classes, got way={way}")
-    if C <= 0 or max_iter < 1 or dual_ridge < 0:
+    """alpha [B, ns, way] after max_iter of qpth's interior-point steps (its eps = tol)."""
+    try:
+        from qpth.qp import QPFunction  # here: qpth loads cvxpy, seconds only it needs
+    except ImportError:
         raise FewshotError(
-            f"SVM needs C > 0, max_iter >= 1, dual_ridge >= 0; got C={C}, max_iter={max_iter}, "
-            f"dual_ridge={dual_ridge}"
-        )
-    one_hot = support_one_hot(support, support_labels, way, shot)
-    episodes, samples, _ = support.shape
-    dtype, device = support.dtype, support.device
+            'the SVM head\'s solver "qpth" needs the qpth extra: pip install "fewshot[qpth]"'
+        ) from None
+    episodes, samples, way = one_hot.shape
+    dtype, device = kernel.dtype, kernel.device
     eye = torch.eye(samples, dtype=dtype, device=device)
-    kernel = support @ support.transpose(1, 2) + dual_ridge * eye
     # Columns e_a - e_last span the zero-sum vectors of R^way.
     basis = torch.eye(way, way - 1, dtype=dtype, device=device)
     basis[-1] = -1.0
@@ -57,12 +59,44 @@ def crammer_singer_dual(
     # alpha <= C onehot(y): the same matrix for every episode, so qpth gets it unbatched.
     inequality = torch.kron(eye, basis)
     bound = C * one_hot.reshape(episodes, samples * way)
-    no_equality = support.new_empty(0)
-    from qpth.qp import QPFunction  # here: qpth loads cvxpy, seconds that only this head needs
-
-    solve = QPFunction(verbose=-1, maxIter=max_iter)
+    no_equality = kernel.new_empty(0)
+    options = {} if tol is None else {"eps": tol}
+    solve = QPFunction(verbose=-1, maxIter=max_iter, **options)
     beta = solve(quadratic, linear, inequality, bound, no_equality, no_equality)
     return beta.reshape(episodes, samples, way - 1) @ basis.T
+
+
+def crammer_singer_dual(
+    support: torch.Tensor,
+    support_labels: torch.Tensor,
+    way: int,
+    shot: int,
+    C: float = 0.1,
+    max_iter: int | None = None,
+    dual_ridge: float = 1.0,
+    tol: float | None = None,
+    solver: str = "interior-point",
+) -> torch.Tensor:
+    """Return the dual coefficients alpha [B, ns, way] of each episode's SVM.
+
+    `tol`: the interior point's relative accuracy (default: by dtype, see
+    `fewshot.heads.crammer_singer.default_tol`); `max_iter`: its iteration cap (default 50;
+    qpth: MetaOptNet's 15 steps, truncated).
+    """
+    if solver not in SOLVERS:
+        raise FewshotError(
+            f"the SVM head's solver must be one of {', '.join(SOLVERS)}, got {solver!r}"
+        )
+    max_iter = DEFAULT_MAX_ITER[solver] if max_iter is None else max_iter
+    check_problem(way, C, max_iter, tol)
+    if not dual_ridge >= 0:
+        raise FewshotError(f"the SVM head needs dual_ridge >= 0, got {dual_ridge}")
+    one_hot = support_one_hot(support, support_labels, way, shot)
+    eye = torch.eye(support.shape[1], dtype=support.dtype, device=support.device)
+    kernel = support @ support.transpose(1, 2) + dual_ridge * eye
+    if solver == "qpth":
+        return _qpth_dual(kernel, one_hot, C, max_iter, tol)
+    return solve_crammer_singer(kernel, one_hot, C, tol, max_iter).alpha
 
 
 def svm(
@@ -72,10 +106,15 @@ def svm(
     way: int,
     shot: int,
     C: float = 0.1,
-    max_iter: int = 15,
+    max_iter: int | None = None,
     dual_ridge: float = 1.0,
+    tol: float | None = None,
+    solver: str = "interior-point",
 ) -> torch.Tensor:
     """Return the Crammer-Singer SVM scores Q S^T alpha [B, nq, way] of each query."""
     check_query(query, support)
-    alpha = crammer_singer_dual(support, support_labels, way, shot, C, max_iter, dual_ridge)
-    return query @ support.transpose(1, 2) @ alpha
+    alpha = crammer_singer_dual(
+        support, support_labels, way, shot, C, max_iter, dual_ridge, tol, solver
+    )
+    # Primal weights S^T alpha [d, way] first: cheaper than Q S^T when way < queries.
+    return query @ (support.transpose(1, 2) @ alpha)

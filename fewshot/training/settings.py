@@ -13,7 +13,7 @@ from fewshot.backbones import BACKBONES
 from fewshot.backbones import TRAINING_DEFAULTS as BACKBONE_DEFAULTS
 from fewshot.datasets import GEOMETRY, dataset_names
 from fewshot.datasets.augment import PAPER_PADDING
-from fewshot.heads import HEADS
+from fewshot.heads import HEADS, check_head
 from fewshot.methods import (
     METHODS,
     TRAINING_DEFAULTS,
@@ -189,6 +189,18 @@ class TrainSettings:
             raise SettingError("backbone_options", str(e)) from None
         for key in ("head_options", "eval_head_options"):
             check_options(key, getattr(self, key), HEADS[self.head])
+        # The head refuses what it cannot solve (e.g. SVM C <= 0, or way 1), per phase.
+        phases = {"head_options": (self.way, self.shot, self.head_options)}
+        phases["eval_head_options"] = (
+            self.val_way,
+            self.val_shot,
+            {**self.head_options, **self.eval_head_options},
+        )
+        for key, (way, shot, options) in phases.items():
+            try:
+                check_head(self.head, way, shot, options)
+            except FewshotError as e:
+                raise SettingError(key if getattr(self, key) else "head", str(e)) from None
 
     def lr_factor(self, epoch: int) -> float:
         """Learning-rate multiplier in `epoch` (0-based) under the step schedule."""
