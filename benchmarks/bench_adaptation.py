@@ -18,7 +18,7 @@ from dataclasses import asdict
 
 import torch
 
-from fewshot.methods import build_method
+from fewshot.methods import TRAINING_DEFAULTS, build_method
 from fewshot.methods.resplit import draw_resplits
 from fewshot.runtime.device import DEVICES, resolve_device
 from fewshot.training.settings import TrainSettings
@@ -62,7 +62,10 @@ def main() -> None:
     print(f"{device} ({torch.get_num_threads()} threads), {args.batch} episodes of {shape}")
     print(f"{'method':8} {'U=1 s':>8} {f'U={args.resplits} s':>8} {'ratio':>6}")
     for name in args.methods:
+        # From the method's own training defaults (contiguous tensors: the MAML family refuses
+        # channels_last), as fewshot train starts from them.
         settings = TrainSettings(
+            **TRAINING_DEFAULTS[name],
             method=name, way=args.way, val_way=args.way, shot=args.shot, query=args.query,
             amp="off", backbone_options={"downsample": "stride"}, method_options=OPTIONS[name],
         )  # fmt: skip

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from benchmarks import bench_ehg, bench_precision, bench_throughput
+from benchmarks import bench_ehg, bench_precision, bench_svm, bench_throughput
 
 SECONDS = r"\d+\.\d+"
 
@@ -59,3 +59,21 @@ def test_bench_ehg_steps(monkeypatch, capsys):
         *("--resplits", "1,2", "--repeats", "1", "--no-naive", "--device", "cpu"),
     )
     assert re.search(r"conv4 +protonet +1 +2 ", out)
+
+
+def test_bench_svm_both_solvers(monkeypatch, capsys):
+    out = run(
+        monkeypatch,
+        capsys,
+        bench_svm,
+        *("--cases", "3w2s2q/16", "--episodes", "2", "--repeats", "1", "--device", "cpu"),
+    )
+    number = r"\d+\.\d+(?:e[-+]\d+)?"
+    for solver in ("interior-point", r"qpth \(15 it\.\)"):
+        row = rf"{solver} +({number}) +{number}x +({number}) +({number}) +{number}x"
+        figures = re.search(row, out)
+        assert figures, out
+        seconds, error, peak = map(float, figures.groups())
+        assert seconds > 0 and error < 1e-3 and peak >= 0
+    assert re.search(r"interior point \d+ iterations, 2/2 converged", out)
+    assert re.search(r"2 x 3w2s2q d=16 +interior point \d+\.\dx faster", out)

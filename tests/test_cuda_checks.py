@@ -3,6 +3,7 @@ few minutes are not spent finding the script broken."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+TRAINED = ["embedding_protonet", "embedding_ridge", "embedding_svm", "maml", "fomaml", "anil"]
+TRAINED += ["imaml", "anil_channels_last", "trainval"]
 PARTS = ["pytest_cuda", "bench_throughput", "bench_ehg", "bench_precision", "bench_adaptation"]
+PARTS += [f"train_{name}" for name in TRAINED] + ["eval_trainval", "bench_svm"]
 
 
 @pytest.mark.slow
@@ -27,6 +31,11 @@ def test_the_gpu_script_runs_every_part_at_smoke_size(tmp_path):
     summary = (tmp_path / "summary.txt").read_text()
     assert result.returncode == 0, summary
     for part in PARTS:
-        assert f"{part}: exit 0" in summary
+        assert re.search(rf"^{part}: exit 0 \(limit \d+ s, took \d+ s\)$", summary, re.M), summary
         assert (tmp_path / f"{part}.txt").stat().st_size > 0
     assert "ratio" in (tmp_path / "bench_adaptation.txt").read_text()
+    assert "accuracy" in (tmp_path / "eval_trainval.txt").read_text()
+    assert (tmp_path / "eval_trainval.json").is_file()
+    assert "goals" in (tmp_path / "bench_svm.txt").read_text()
+    # The training runs' folders are temporary: OUT_DIR holds the figures only.
+    assert not list(tmp_path.rglob("*.pt"))
