@@ -276,13 +276,26 @@ def test_impossible_settings_are_refused_before_any_data(extra, message, tmp_pat
     assert not (tmp_path / "run").exists()
 
 
-def test_a_diverging_inner_loop_stops_the_run_in_one_line(
-    tmp_path, tiny_omniglot_root, monkeypatch, capsys
+@pytest.mark.parametrize(
+    ("change", "advice"),
+    [
+        (
+            ["--method-options", '{"inner_steps": 5, "inner_lr": 1e30}'],
+            "lower --method-options inner_lr (now 1e+30) or inner_steps (now 5)",
+        ),
+        (["--lr", "1e30"], "the meta-training diverged: lower --lr"),
+    ],
+)
+def test_a_diverging_run_stops_in_one_line_naming_what_diverged(
+    change, advice, tmp_path, tiny_omniglot_root, monkeypatch, capsys
 ):
+    """The inner adaptation is at fault when it started from a finite support loss; the
+    meta-training when its own steps already made that loss non-finite."""
     monkeypatch.setenv("FEWSHOT_DATA", str(tiny_omniglot_root))
-    args = [*TRAIN, "--method", "maml", "--method-options", '{"inner_steps": 5, "inner_lr": 1e30}']
-    assert main([*args, "--epochs", "1", "--out", str(tmp_path / "run")]) == 2
-    assert "non-finite" in capsys.readouterr().err
+    args = [*TRAIN, "--method", "maml", *change, "--epochs", "1"]
+    assert main([*args, "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "non-finite" in err and advice in err
 
 
 @pytest.mark.parametrize("variant", ["maml", "fomaml"])

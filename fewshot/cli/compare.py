@@ -34,12 +34,17 @@ def per_episode(settings: EpisodeSettings, paths: list[str]) -> tuple[str, list[
             "dataset", f"must be given: the models were trained on {', '.join(sorted(trained_on))}"
         )
     dataset = settings.dataset or trained_on.pop()
-    for method, _ in models:
+    caches = []
+    for method, config in models:
         method.check_way(settings.way)
+        caches.append(settings.cache_for(method, config["method"]))
     split = load_split(dataset, settings.split, settings.data_root)
     for path, (_, config) in zip(files, models, strict=True):
         check_fits(config, split, path)
-    return dataset, [settings.accuracies(method, split, device) for method, _ in models]
+    return dataset, [
+        settings.accuracies(method, split, device, cache)
+        for (method, _), cache in zip(models, caches, strict=True)
+    ]
 
 
 def prepare_record(settings: CompareSettings | CompareSeedsSettings) -> Path | None:

@@ -14,7 +14,9 @@ from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluation.episodes import EvalResult, episode_accuracies
 from fewshot.methods.base import Method
 from fewshot.runtime.device import device_setting, resolve_device
+from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import atomic_write_json, file_sha256, prepare_output, same_json
+from fewshot.runtime.memory import MemoryTerm, check_memory
 from fewshot.runtime.precision import amp_setting, precision_name
 from fewshot.runtime.settings import Command, check_fields, seed_setting, setting
 from fewshot.training.checkpoint import check_fits, checkpoint_file, load_trained
@@ -44,7 +46,11 @@ class EpisodeSettings:
     )
     seed: int = seed_setting(0, help="seed of the test episodes")
     device: str = device_setting()
-    cache: bool = setting(True, help="embed every image once (--no-cache: every episode)")
+    cache: bool | None = setting(
+        None,
+        help="embed every image once, where that is exact (embedding methods, the default "
+        "there); --no-cache: embed every episode",
+    )
     amp: str = amp_setting()
 
     def __post_init__(self) -> None:
@@ -55,12 +61,29 @@ class EpisodeSettings:
         """The episode shape these settings ask for."""
         return EpisodeShape(self.way, self.shot, self.query, self.episodes_per_batch)
 
-    def accuracies(self, method: Method, split: ImageSplit, device: torch.device) -> torch.Tensor:
+    def cache_for(self, method: Method, name: str) -> bool:
+        """Whether `method` (registered as `name`) evaluates with the cache: by default where
+        it has one; --cache where it has none is refused (call this before reading data)."""
+        if self.cache and not method.caches:
+            raise FewshotError(
+                f"--cache does not apply to --method {name}: it adapts to every episode"
+            )
+        return method.caches if self.cache is None else self.cache
+
+    def accuracies(
+        self, method: Method, split: ImageSplit, device: torch.device, cache: bool
+    ) -> torch.Tensor:
         """Per-episode accuracies of a trained method on these episodes, in this evaluation's
-        precision (whatever it was trained in)."""
+        precision (whatever it was trained in), once their memory is known to fit."""
         method.amp = self.amp
+        pool = self.shot + self.query
+        terms = method.memory_terms(self.episodes_per_batch, self.way, pool, self.shot, 1, False)
+        if terms:
+            cached = method.cache_bytes(len(split.labels)) if cache else 0
+            what = f"the cached embeddings of {len(split.labels)} images"
+            check_memory([*terms, MemoryTerm(cached, what, "--no-cache")], device, "the evaluation")
         return episode_accuracies(
-            method, split, self.shape, self.episodes, self.seed, device, self.cache, progress=True
+            method, split, self.shape, self.episodes, self.seed, device, cache, progress=True
         )
 
 
@@ -93,7 +116,8 @@ def run_eval(settings: EvalSettings) -> EvalResult:
     record.update(json.loads(json.dumps(method_settings)))  # as the JSON file reads back
     record.update(dataset=dataset, split=settings.split)
     precision = precision_name(settings.amp, device.type)
-    record.update(cache=settings.cache, precision=precision)
+    cache = settings.cache_for(method, config["method"])
+    record.update(cache=cache, precision=precision)
     record.update(episodes=settings.episodes, way=settings.way, shot=settings.shot)
     record.update(query=settings.query, seed=settings.seed)
     # Before the work: a result of other settings is kept unless --overwrite.
@@ -103,7 +127,7 @@ def run_eval(settings: EvalSettings) -> EvalResult:
     method.check_way(settings.way)
     split = load_split(dataset, settings.split, settings.data_root)
     check_fits(config, split, checkpoint)
-    accuracies = settings.accuracies(method, split, device)
+    accuracies = settings.accuracies(method, split, device, cache)
     result = EvalResult.of(accuracies, settings.shape, settings.seed)
     print(result.line())
     record.update(asdict(result))

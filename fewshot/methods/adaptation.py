@@ -22,11 +22,13 @@ from torch import nn
 from torch.func import functional_call, replace_all_batch_norm_modules_, vmap
 
 from fewshot.backbones import build_backbone
+from fewshot.backbones.footprint import activation_elements
 from fewshot.hpo.hypergrad import Bilevel, aid_cg, rhg
 from fewshot.hpo.trees import Tree, tree_detach, tree_flatten
 from fewshot.methods.base import Method, check_episodes
 from fewshot.methods.resplit import resplit_episodes
 from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.memory import MemoryTerm
 from fewshot.runtime.precision import autocast_dtype
 from fewshot.runtime.settings import SettingError
 
@@ -103,6 +105,8 @@ class AdaptationMethod(Method):
         self.inner_steps, self.inner_lr, self.proximal = inner_steps, inner_lr, proximal
         self.eval_inner_steps = inner_steps if eval_inner_steps is None else eval_inner_steps
         self.solver_steps = solver_steps
+        # Whether the last training step's support loss was finite at the initialisation.
+        self.start_finite: torch.Tensor | bool = True
 
     def adapted(self) -> nn.Module:
         """The module whose parameters adapt per episode: the classifier for ANIL."""
@@ -149,6 +153,7 @@ class AdaptationMethod(Method):
             if self.variant == "imaml":
                 for name, value in theta.items():
                     loss = loss + self.proximal / 2 * ((value - lam["init"][name]) ** 2).sum()
+            record.setdefault("start_loss", loss.detach())  # at the initialisation
             return loss
 
         def outer(theta: dict, lam: dict, batch: tuple) -> torch.Tensor:
@@ -197,12 +202,49 @@ class AdaptationMethod(Method):
         else:
             first_order = self.variant == "fomaml"
             result = rhg(problem, start, lam, train, val, self.inner_steps, first_order=first_order)
+        # Read only if the step diverges (no synchronisation here).
+        self.start_finite = torch.isfinite(record["start_loss"])
         # Linear in the parameters (and ANIL's embeddings): backward() puts the meta-gradient
         # in .grad, through the embeddings into the backbone, scaled like any loss by AMP.
         pairs = zip(tree_flatten(lam)[0], tree_flatten(result.grad)[0], strict=True)
         surrogate = sum((x * g).sum() for x, g in pairs if x.requires_grad)
         loss = surrogate - surrogate.detach() + result.outer_loss
         return loss, record["accuracy"]
+
+    def memory_terms(
+        self, episodes: int, way: int, pool: int, shot: int, resplits: int, training: bool
+    ) -> list[MemoryTerm]:
+        """The backbone's activations: ANIL's once per episode; the others' per problem and
+        per kept inner step (second-order MAML keeps every step's support pass for the
+        backward through the adaptation)."""
+        total, _ = activation_elements(self.network.backbone)
+        device = next(self.parameters()).device
+        element = 4 if autocast_dtype(self.amp, device.type) is None else 2
+        if self.variant == "anil":
+            images = episodes * way * pool
+            return [
+                MemoryTerm(
+                    images * total * element,
+                    f"the backbone on {images} images",
+                    "--episodes-per-batch",
+                )
+            ]
+        kept = self.inner_steps if training and self.variant == "maml" else 1
+        problems = resplits * episodes
+        images = problems * way * (shot * kept + pool - shot)
+        what = f"{problems} problems' activations over {kept} kept inner step(s)"
+        lower = "--method-options inner_steps" if kept > 1 else "--episodes-per-batch"
+        return [MemoryTerm(images * total * element, what, lower)]
+
+    def divergence_advice(self) -> str:
+        """The inner adaptation when it started from a finite loss (the initialisation was
+        sound, the steps from it were not), else the meta-training."""
+        if not bool(self.start_finite):
+            return super().divergence_advice()
+        return (
+            f"the inner adaptation diverged: lower --method-options inner_lr (now "
+            f"{self.inner_lr}) or inner_steps (now {self.inner_steps})"
+        )
 
     def accuracy(self, images: torch.Tensor, shot: int) -> torch.Tensor:
         """Query accuracy of each test episode after `eval_inner_steps` steps on its support."""

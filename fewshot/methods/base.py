@@ -12,6 +12,7 @@ from torch import nn
 from fewshot.backbones.arguments import describe_tensor
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import images_to_device
+from fewshot.runtime.memory import MemoryTerm
 from fewshot.runtime.signals import Stop
 
 # index [B, way, pool] of a split's images -> query accuracy of each episode [B]
@@ -51,12 +52,29 @@ class Method(nn.Module):
     """
 
     amp: str = "auto"  # the backbone's autocast (fewshot.runtime.precision), resolved per call
+    caches: bool = False  # whether `solver(cache=True)` reuses work across test episodes
 
     def forward(
         self, images: torch.Tensor, resplits: torch.Tensor | None, shot: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The mean query loss over the U*B problems and the query accuracy of each."""
         raise NotImplementedError
+
+    def memory_terms(
+        self, episodes: int, way: int, pool: int, shot: int, resplits: int, training: bool
+    ) -> list[MemoryTerm]:
+        """Lower bounds of what one batch of `episodes` holds on the method's device, part by
+        part, each with the setting that shrinks it ([]: no estimate, nothing is checked)."""
+        return []
+
+    def cache_bytes(self, images: int) -> int:
+        """What the evaluation cache keeps for a split of `images` images (0: no cache)."""
+        return 0
+
+    def divergence_advice(self) -> str:
+        """What diverged in the last training step that gave a non-finite loss, and the
+        setting to lower."""
+        return "the meta-training diverged: lower --lr"
 
     def check_way(self, way: int) -> None:
         """Refuse episodes of a way the method cannot solve (any way, unless overridden)."""

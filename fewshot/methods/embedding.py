@@ -11,17 +11,21 @@ import torch
 from torch import nn
 
 from fewshot.backbones import build_backbone
+from fewshot.backbones.footprint import activation_elements
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import images_to_device
 from fewshot.heads import HEADS
 from fewshot.methods.base import EpisodeSolver, Method, check_episodes
 from fewshot.methods.resplit import episode_loss
+from fewshot.runtime.memory import MemoryTerm
 from fewshot.runtime.precision import autocast_dtype
 from fewshot.runtime.signals import Stop, check_stop
 
 
 class EmbeddingMethod(Method):
     """Embeds images with `backbone` and classifies episodes with a head function."""
+
+    caches = True
 
     def __init__(
         self,
@@ -72,6 +76,26 @@ class EmbeddingMethod(Method):
         b, way, pool = images.shape[:3]
         embeddings = self.embed(images.flatten(0, 2)).view(b, way, pool, -1)
         return episode_loss(embeddings, self.head, self.scale, shot)[1]
+
+    def memory_terms(
+        self, episodes: int, way: int, pool: int, shot: int, resplits: int, training: bool
+    ) -> list[MemoryTerm]:
+        """The backbone's activations of the batch's images (all its layers' outputs in
+        training, the largest in inference) and the U re-splits' gathered embeddings."""
+        total, peak = activation_elements(self.backbone)
+        device = next(self.parameters()).device
+        element = 4 if autocast_dtype(self.amp, device.type) is None else 2
+        images = episodes * way * pool
+        activations = images * (total if training else peak) * element
+        gathered = 4 * resplits * images * self.backbone.out_dim
+        return [
+            MemoryTerm(activations, f"the backbone on {images} images", "--episodes-per-batch"),
+            MemoryTerm(gathered, f"{resplits} re-split(s) of their embeddings", "--resplits"),
+        ]
+
+    def cache_bytes(self, images: int) -> int:
+        """The embeddings of `images` images, which the evaluation cache keeps (float32)."""
+        return 4 * images * self.backbone.out_dim
 
     @torch.no_grad()
     def embed_split(

@@ -10,6 +10,8 @@ bounds (the tensors that are surely kept): the refusal is for runs that clearly 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -103,6 +105,11 @@ def format_bytes(size: float) -> str:
     return f"{size / 2**10:.1f} KiB"
 
 
+def fits(needed: int, device: torch.device) -> bool:
+    """Whether `needed` bytes fit in what `device` has available now."""
+    return needed <= available_bytes(device)
+
+
 def refuse_if_too_big(
     needed: int, device: torch.device, what: str, lower: str, detail: str = ""
 ) -> None:
@@ -119,3 +126,21 @@ def refuse_if_too_big(
             f"{what} needs about {format_bytes(needed)}{parts} but {format_bytes(have)} are "
             f"available on {device}: lower {lower}"
         )
+
+
+@dataclass(frozen=True)
+class MemoryTerm:
+    """One part of a memory estimate: bytes (a lower bound), what they hold, and the setting
+    that shrinks them (None: fixed)."""
+
+    size: int
+    what: str
+    lower: str | None
+
+
+def check_memory(terms: Sequence[MemoryTerm], device: torch.device, what: str = "the run") -> None:
+    """Refuse, in one line, work whose estimate (the sum of `terms`) exceeds what `device` has
+    available, naming the setting of the largest term that has one."""
+    largest = max((t for t in terms if t.lower), key=lambda term: term.size)
+    detail = ", ".join(f"{t.what}: {format_bytes(t.size)}" for t in terms if t.size)
+    refuse_if_too_big(sum(t.size for t in terms), device, what, str(largest.lower), detail)

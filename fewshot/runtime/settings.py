@@ -329,7 +329,7 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
         help_text = f.metadata["help"] + (f" (default: {shown})" if shown_default else "")
         kwargs: dict[str, Any] = {"help": help_text.replace("%", "%%")}
         kwargs["default"] = argparse.SUPPRESS
-        if hints[f.name] is bool:
+        if _without_none(hints[f.name]) is bool:  # bool | None: --x, --no-x or neither
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs["type"] = _flag_type(hints[f.name])

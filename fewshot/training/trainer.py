@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -29,6 +30,7 @@ from fewshot.methods.resplit import draw_resplits
 from fewshot.runtime.distributed import Distributed, any_rank, broadcast_from_main, gather_objects
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import atomic_torch_save, atomic_write_json, atomic_write_text
+from fewshot.runtime.memory import check_memory, fits, format_bytes
 from fewshot.runtime.precision import precision_name
 from fewshot.runtime.run_folder import RunFolder
 from fewshot.runtime.signals import Interrupted, StopRequests
@@ -91,6 +93,7 @@ class Trainer:
         self.method = build_method(self.config).to(device)
         if settings.channels_last:
             self.method.to(memory_format=torch.channels_last)
+        self._check_memory()
         self.optimizer = make_optimizer(settings, self.method)
         self.precision = precision_name(settings.amp, device.type)
         self.scaler = torch.amp.GradScaler(device.type, enabled=self.precision == "fp16")
@@ -125,6 +128,30 @@ class Trainer:
                 self.streams,
                 self.steps_per_epoch,
                 dist.rank,
+            )
+
+    def _check_memory(self) -> None:
+        """Refuse, before the first step, a training step or a validation batch that cannot
+        fit in what the device has available (lower bounds from the shapes, per method), and
+        validate without the embedding cache where the cache would not fit (same accuracies)."""
+        s, val = self.settings, self.val_shape
+        episodes = s.episodes_per_batch // self.dist.world
+        terms = self.method.memory_terms(
+            episodes, s.way, s.shot + s.query, s.shot, s.resplits, True
+        )
+        if terms:
+            check_memory(terms, self.device, "one training step")
+        terms = self.method.memory_terms(
+            val.episodes_per_batch, val.way, val.pool, val.shot, 1, False
+        )
+        terms = [replace(t, lower="--val-way or --val-query") for t in terms]
+        if terms:
+            check_memory(terms, self.device, "a validation batch")
+        cached = self.method.cache_bytes(len(self.val_data.labels))
+        self.val_cache = fits(cached + sum(t.size for t in terms), self.device)
+        if not self.val_cache:
+            tqdm.write(
+                f"validation embeds every episode: its cache would need {format_bytes(cached)}"
             )
 
     @property
@@ -172,7 +199,8 @@ class Trainer:
             raise Diverged(
                 f"the loss or its gradient became non-finite (loss {loss.item()}) at epoch "
                 f"{self.progress.epoch + 1} step {self.progress.step + 1}; the step was not "
-                "applied and the checkpoints keep their finite weights; lower --lr"
+                f"applied and the checkpoints keep their finite weights; "
+                f"{self.method.divergence_advice()}"
             )
         self.scaler.step(self.optimizer)
         self.scaler.update()
@@ -187,6 +215,7 @@ class Trainer:
             self.settings.val_episodes,
             self.settings.val_seed,
             self.device,
+            cache=self.val_cache,
             stop=self._stop_signal,
         )
         return result.accuracy, result.ci95

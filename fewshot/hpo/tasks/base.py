@@ -11,19 +11,17 @@ command.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, ClassVar
-
-import torch
 
 from fewshot.hpo.ensemble import StepCallback
 from fewshot.hpo.optimize import METHODS, OEHG_RESPLITS, Budget
 from fewshot.hpo.splits import MAX_RESPLITS, RESPLITS_LIMIT_REASON
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import atomic_write_json
-from fewshot.runtime.memory import format_bytes, refuse_if_too_big
+from fewshot.runtime.memory import MemoryTerm
 from fewshot.runtime.settings import (
     SettingError,
     check_fields,
@@ -43,16 +41,6 @@ METHOD_UNUSED: dict[str, frozenset[str]] = {
     "aid-cg": frozenset({"truncate"}),
     "oehg": frozenset({"inner_steps", "truncate", "solver_steps"}),
 }
-
-
-@dataclass(frozen=True)
-class MemoryTerm:
-    """One part of a run's memory estimate: bytes (a lower bound), what they hold, and the flag
-    that shrinks them (None: fixed by the task)."""
-
-    size: int
-    what: str
-    lower: str | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,14 +146,6 @@ def check_out_folder(out: str) -> None:
     what = "a file" if existing.is_file() else "not a folder"
     where = f"is {what}" if existing == path else f"lies under {existing}, which is {what}"
     raise FewshotError(f"--out {out} {where}: it must name a folder")
-
-
-def check_memory(terms: Sequence[MemoryTerm], device: torch.device) -> None:
-    """Refuse, in one line, a run whose estimate (the sum of `terms`) exceeds what `device` has
-    available, naming the flag of the largest term that has one."""
-    largest = max((t for t in terms if t.lower), key=lambda term: term.size)
-    detail = ", ".join(f"{t.what}: {format_bytes(t.size)}" for t in terms if t.size)
-    refuse_if_too_big(sum(t.size for t in terms), device, "the run", str(largest.lower), detail)
 
 
 # Settings that do not change a result: where it goes and where the data and work are.

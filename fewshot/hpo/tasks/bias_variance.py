@@ -29,9 +29,10 @@ import torch
 from fewshot.hpo.ensemble import StepCallback
 from fewshot.hpo.hypergrad import Bilevel, rhg
 from fewshot.hpo.splits import make_splits
-from fewshot.hpo.tasks.base import MemoryTerm, Task, TaskSettings, check_memory
+from fewshot.hpo.tasks.base import Task, TaskSettings
 from fewshot.hpo.tasks.ridge import ridge_hypergradient
 from fewshot.runtime.io import atomic_save_figure, atomic_write_json
+from fewshot.runtime.memory import MemoryTerm, check_memory
 from fewshot.runtime.settings import SettingError, seed_setting, setting
 
 POINTS, GAMMA = 22, 1 / 11  # the paper's observed set: n = 22, 2 of them for validation

@@ -27,9 +27,7 @@ from fewshot.hpo.hypergrad import Bilevel
 from fewshot.hpo.optimize import OEHG_RESPLITS, optimize
 from fewshot.hpo.tasks.base import (
     OFFLINE_METHODS,
-    MemoryTerm,
     Task,
-    check_memory,
     run_stem,
     write_json,
 )
@@ -52,6 +50,7 @@ from fewshot.hpo.tasks.cleaning_data import (
 from fewshot.hpo.tasks.image_data import FLAT_SIZES, NUM_CLASSES, load_image_dataset
 from fewshot.hpo.trees import Theta
 from fewshot.runtime.device import resolve_device
+from fewshot.runtime.memory import MemoryTerm, check_memory
 from fewshot.runtime.settings import SettingError, setting
 
 

@@ -28,9 +28,7 @@ from fewshot.hpo.optimize import OEHG_RESPLITS, optimize
 from fewshot.hpo.splits import make_splits, validation_size
 from fewshot.hpo.tasks.base import (
     OFFLINE_METHODS,
-    MemoryTerm,
     Task,
-    check_memory,
     run_stem,
     write_json,
 )
@@ -52,6 +50,7 @@ from fewshot.hpo.tasks.image_data import (
 from fewshot.hpo.trees import Theta
 from fewshot.runtime.device import resolve_device
 from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.memory import MemoryTerm, check_memory
 from fewshot.runtime.settings import setting
 
 N_OBSERVED, N_TEST = 10000, 10000  # the paper's observed and test images

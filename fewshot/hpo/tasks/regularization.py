@@ -34,14 +34,13 @@ from fewshot.hpo.splits import make_splits, validation_size
 from fewshot.hpo.tasks.base import (
     OFFLINE_METHODS,
     HpoSettings,
-    MemoryTerm,
     Task,
-    check_memory,
     run_stem,
 )
 from fewshot.hpo.trees import Theta
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import atomic_save_figure, atomic_write_json
+from fewshot.runtime.memory import MemoryTerm, check_memory
 from fewshot.runtime.settings import SettingError, setting
 
 MODELS = ("lasso", "ridge", "logistic", "svm")

@@ -1,0 +1,103 @@
+"""Memory is checked before work: a training step, a validation or an evaluation whose estimate
+cannot fit is refused in one line naming the setting to lower, before its first step; the
+training validation drops its embedding cache where only the cache does not fit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from trainers import make_trainer
+
+import fewshot.runtime.memory
+from fewshot.backbones import Conv4, ResNet12
+from fewshot.backbones.footprint import activation_elements
+from fewshot.cli.eval import EvalSettings
+from fewshot.cli.main import main
+from fewshot.datasets import REPO_DATA, load_split
+from fewshot.methods.embedding import EmbeddingMethod
+from fewshot.runtime.errors import FewshotError
+from fewshot.training.settings import make_config
+
+GiB = 2**30
+
+
+def test_activation_elements_count_every_layer_output_and_change_nothing():
+    """Conv-4 at 28x28 by hand: per block conv and BatchNorm at the block's side, max-pool and
+    ReLU at half of it; the forward leaves the statistics, the mode and the ramp as they were."""
+    expected, side = 0, 28
+    for _ in range(4):
+        expected += 2 * 64 * side**2 + 2 * 64 * (side // 2) ** 2
+        side //= 2
+    conv4 = Conv4(1, image_size=28).train()
+    stats = [b.clone() for b in conv4.buffers()]
+    assert activation_elements(conv4) == (expected, 64 * 28 * 28)
+    assert conv4.training and all(
+        torch.equal(a, b) for a, b in zip(stats, conv4.buffers(), strict=True)
+    )
+    resnet = ResNet12(image_size=84).train()
+    activation_elements(resnet)
+    assert resnet.training and int(resnet.drop_steps) == 0
+
+
+@pytest.fixture
+def memory_of(monkeypatch):
+    """Pretend the machine has `size` bytes available."""
+
+    def set_available(size: int) -> None:
+        monkeypatch.setattr(fewshot.runtime.memory, "available_bytes", lambda device: size)
+
+    return set_available
+
+
+@pytest.mark.parametrize(
+    ("args", "lower"),
+    [
+        (["--resplits", "1000000", "--query", "15"], "lower --resplits"),
+        (["--episodes-per-batch", "2000", "--episodes-per-epoch", "2000"], "--episodes-per-batch"),
+        (
+            ["--method", "maml", "--method-options", '{"inner_steps": 2000}'],
+            "lower --method-options inner_steps",
+        ),
+    ],
+)
+def test_a_training_step_that_cannot_fit_is_refused_before_the_first(
+    args, lower, memory_of, tiny_omniglot_root, tmp_path, capsys
+):
+    memory_of(4 * GiB)
+    out = tmp_path / "run"
+    argv = ["train", *args, "--data-root", str(tiny_omniglot_root), "--out", str(out)]
+    assert main([*argv, "--device", "cpu", "--amp", "off"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert "one training step needs about" in err and "4.0 GiB are available" in err
+    assert lower in err
+    assert not (out / "last.pt").exists()
+
+
+def test_validation_drops_a_cache_that_does_not_fit_with_the_same_accuracy(
+    memory_of, tiny_omniglot_root, tmp_path
+):
+    base = {"data_root": str(tiny_omniglot_root), "val_episodes": 6, "amp": "off"}
+    settings = make_config(None, {**base, "device": "cpu", "out": str(tmp_path / "a")})
+    cached = make_trainer(settings)
+    assert cached.val_cache
+    val_images = len(cached.val_data.labels)
+    # Room for a validation batch, not for the cached embeddings of the validation split.
+    batch = cached.method.memory_terms(8, 5, 16, 1, 1, False)
+    memory_of(sum(t.size for t in batch) + cached.method.cache_bytes(val_images) // 2)
+    torch.manual_seed(0)
+    uncached = make_trainer(settings)
+    assert not uncached.val_cache
+    uncached.method.load_state_dict(cached.method.state_dict())
+    assert uncached.validate() == cached.validate()
+
+
+def test_an_evaluation_whose_cache_cannot_fit_is_refused_naming_no_cache(memory_of):
+    split = load_split("omniglot", "test", REPO_DATA)
+    method = EmbeddingMethod(ResNet12(1, image_size=28), "protonet", amp="off")
+    settings = EvalSettings(checkpoint="unused.pt", episodes_per_batch=1)
+    cache = 4 * len(split.labels) * method.backbone.out_dim
+    memory_of(cache // 2)
+    with pytest.raises(FewshotError, match="lower --no-cache") as error:
+        settings.accuracies(method, split, torch.device("cpu"), cache=True)
+    assert "the evaluation needs about" in str(error.value)
