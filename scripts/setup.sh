@@ -14,13 +14,15 @@ fi
 .venv/bin/python -m pip install -q "torch==2.14.1" "torchvision==0.29.1"
 if [ "${1:-}" = "test" ]; then
     .venv/bin/python -m pip install -q -e ".[test]"
-    # qpth, the SVM head's comparison solver, pins numpy<2 in its metadata only: installed
-    # without its dependencies, the tests compare against it on numpy 2.
+    # qpth (the SVM head's comparison solver) pins numpy<2 in its metadata only, and
+    # learn2learn requires qpth: both without their dependencies, so the suite runs on numpy 2
+    # (their code does), learn2learn with what it imports. learn2learn 0.2.0 only builds on
+    # Python 3.11 with its extensions built explicitly.
     .venv/bin/python -m pip install -q --no-deps "qpth==0.0.18"
-    # learn2learn 0.2.0 only builds on Python 3.11 with its extensions built explicitly.
     .venv/bin/python -m pip show -q learn2learn >/dev/null 2>&1 ||
-        .venv/bin/python -m pip install -q "learn2learn==0.2.0" \
-            --config-settings=--build-option=build_ext ||
+        { .venv/bin/python -m pip install -q --no-deps "learn2learn==0.2.0" \
+            --config-settings=--build-option=build_ext &&
+            .venv/bin/python -m pip install -q gym requests; } ||
         echo "note: learn2learn did not install; its reuse test will be skipped" >&2
 else
     .venv/bin/python -m pip install -q -e .
