@@ -230,6 +230,16 @@ def test_a_checkpoint_with_bad_settings_is_refused_naming_it(capsys, tmp_path, t
     assert f'checkpoint {tmp_path / "odd.pt"}: "head_options" has no option' in err
 
 
+@pytest.mark.parametrize("command", ["eval --checkpoint", "compare"])
+def test_the_cache_of_a_method_without_one_is_refused_before_any_data(capsys, tmp_path, command):
+    """MAML adapts to every episode: there is nothing to cache, so --cache is refused (and
+    its evaluations default to --no-cache); the data root does not even exist."""
+    maml = str(Path(__file__).resolve().parents[1] / "models/omniglot/maml_conv4_5way1shot_cpu.pt")
+    argv = [*command.split(), maml, *([maml] if command == "compare" else []), "--cache"]
+    err = error_line(capsys, [*argv, "--data-root", str(tmp_path / "none")])
+    assert err.endswith("--cache does not apply to --method maml: it adapts to every episode")
+
+
 def test_eval_refuses_non_finite_weights(capsys, tmp_path, trained):
     ckpt = torch.load(trained / "best.pt", weights_only=True)
     ckpt["model"]["scale"] = torch.tensor(float("nan"))
