@@ -158,12 +158,14 @@ def run_cell(model: str, dataset: str, method: str, seed: int, args: argparse.Na
         return json.loads(path.read_text())
     steps = args.oehg_steps if method == "oehg" else args.offline_steps
     base, _, k = method.partition("-k")  # "rhg-k64" is RHG with K = 64
+    # OEHG takes one inner step per outer step: K is the offline estimators' alone.
+    inner = {} if base == "oehg" else {"inner_steps": int(k) if k else args.inner_steps}
     settings = replace(
         Settings(dataset=dataset, model=model, method=base, out=str(path.parent)),
         seed=seed,
         outer_steps=steps,
-        inner_steps=int(k) if k else args.inner_steps,
         per_parameter=args.high_dim,
+        **inner,
     )
     result = asdict(run(settings, load_dataset(dataset, seed, args.data_root)))
     atomic_write_json(result, path)
