@@ -184,7 +184,8 @@ def refuse_unused(
     obj: Any, unused: Iterable[str], owner: str, neutral: dict[str, Any] | None = None
 ) -> None:
     """The one rule for options that `owner` (e.g. '--method maml') does not read: each must
-    hold its neutral value (its field's default, or `neutral[name]`), else SettingError.
+    hold its neutral value (its field's default, or `neutral[name]`: a value, or a frozenset
+    of values that all mean the same), else SettingError.
 
     Value-based, not 'was it given': a checkpoint or config file that spells out a neutral
     value still builds, and a value that would change nothing is not an error.
@@ -192,9 +193,11 @@ def refuse_unused(
     defaults = {f.name: _field_default(f) for f in dataclasses.fields(obj)}
     for name in unused:
         value, wanted = getattr(obj, name), (neutral or {}).get(name, defaults[name])
-        if value != wanted:
+        allowed = sorted(wanted, key=repr) if isinstance(wanted, frozenset) else [wanted]
+        if all(value != a for a in allowed):  # ==, not hashing: dicts and lists compare too
+            shown = " or ".join(map(repr, allowed))
             raise SettingError(
-                name, f"does not apply to {owner} (got {value!r}; leave it at {wanted!r})"
+                name, f"does not apply to {owner} (got {value!r}; leave it at {shown})"
             )
 
 

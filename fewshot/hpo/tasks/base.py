@@ -89,7 +89,8 @@ class HpoSettings(TaskSettings):
                 f"must be <= {MAX_RESPLITS}, got {self.resplits}: {RESPLITS_LIMIT_REASON}",
             )
         for owner, fields in self.unused().items():
-            refuse_unused(self, sorted(fields), owner)
+            # U = 1 is what a method without re-splits does: --resplits 1 changes nothing.
+            refuse_unused(self, sorted(fields), owner, {"resplits": frozenset({None, 1})})
         # Only T-RHG reads the window: other methods run with any inner_steps.
         if self.method == "trhg" and self.truncate > self.inner_steps:
             raise SettingError(
