@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -56,6 +57,27 @@ def test_compare_is_paired_over_the_same_episodes(runs, tmp_path, capsys, tiny_o
     # A model against itself: no difference at all.
     assert main(["compare", str(a), str(a), *EPISODES, *root]) == 0
     assert "B - A: +0.00 ± 0.00 %" in capsys.readouterr().out
+    # The same comparison may be written again; one in another precision, or of other
+    # weights at the same path, is another result: kept unless --overwrite.
+    assert main(["compare", str(a), str(b), *EPISODES, *root, "--out", str(out)]) == 0
+    assert (
+        main(["compare", str(a), str(b), *EPISODES, *root, "--amp", "bf16", "--out", str(out)]) == 2
+    )
+    shutil.copy(runs["protonet"][1] / "best.pt", tmp_path / "other.pt")
+    shutil.copy(a, tmp_path / "a.pt")
+    args = [
+        "compare",
+        str(tmp_path / "a.pt"),
+        str(b),
+        *EPISODES,
+        *root,
+        "--out",
+        str(tmp_path / "c.json"),
+    ]
+    assert main(args) == 0
+    shutil.copy(tmp_path / "other.pt", tmp_path / "a.pt")
+    assert main(args) == 2
+    assert "--overwrite" in capsys.readouterr().err
 
 
 def test_compare_seeds_pairs_seed_i_with_seed_i(runs, tmp_path, capsys, tiny_omniglot_root):

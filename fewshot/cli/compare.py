@@ -18,7 +18,7 @@ from fewshot.datasets import load_split
 from fewshot.evaluation.episodes import EvalResult
 from fewshot.evaluation.stats import Difference, paired_ci, paired_seeds_ci, seeds_ci
 from fewshot.runtime.device import resolve_device
-from fewshot.runtime.io import atomic_write_json, prepare_output, same_json
+from fewshot.runtime.io import atomic_write_json, file_sha256, prepare_output, same_json
 from fewshot.runtime.settings import Command, SettingError, setting
 from fewshot.training.checkpoint import check_fits, checkpoint_file, load_trained
 
@@ -47,28 +47,33 @@ def per_episode(settings: EpisodeSettings, paths: list[str]) -> tuple[str, list[
     ]
 
 
+def identity(settings: CompareSettings | CompareSeedsSettings) -> dict:
+    """What a comparison is computed with: the episodes, how they are evaluated (precision,
+    cache), the models' paths and the hashes of their checkpoint files."""
+    models = [settings.a, settings.b]
+    paths = [p for arm in models for p in (arm if isinstance(arm, list) else [arm])]
+    # The dataset only when asked for: the record names the one used (the models' by default).
+    record = {"dataset": settings.dataset} if settings.dataset else {}
+    record.update(split=settings.split, way=settings.way, shot=settings.shot)
+    record.update(query=settings.query, episodes=settings.episodes)
+    record.update(seed=settings.seed, amp=settings.amp, cache=settings.cache, models=models)
+    record["checkpoint_sha256"] = [file_sha256(checkpoint_file(p)) for p in paths]
+    return record
+
+
 def prepare_record(settings: CompareSettings | CompareSeedsSettings) -> Path | None:
-    """Check --out before the work: a file of other models or episodes is kept unless
-    --overwrite (the same comparison may be written again)."""
+    """Check --out before the work: a file of other models, weights or episodes is kept
+    unless --overwrite (the same comparison may be written again)."""
     if not settings.out:
         return None
-    same = same_json(
-        {"split": settings.split, "way": settings.way, "shot": settings.shot}
-        | {"query": settings.query, "episodes": settings.episodes, "seed": settings.seed}
-        | {"models": [settings.a, settings.b]}
-    )
-    return prepare_output(settings.out, settings.overwrite, same)
+    return prepare_output(settings.out, settings.overwrite, same_json(identity(settings)))
 
 
 def episodes_record(
     settings: CompareSettings | CompareSeedsSettings, dataset: str, difference: Difference
 ) -> dict:
-    """The JSON record's common part: the episodes, the models compared and the difference."""
-    record = {"dataset": dataset, "split": settings.split, "difference": asdict(difference)}
-    record.update(way=settings.way, shot=settings.shot, query=settings.query)
-    record.update(episodes=settings.episodes, seed=settings.seed)
-    record.update(models=[settings.a, settings.b])
-    return record
+    """The JSON record's common part: what it was computed with, and the difference."""
+    return {**identity(settings), "dataset": dataset, "difference": asdict(difference)}
 
 
 def difference_line(label: str, d: Difference, unit: str) -> str:
