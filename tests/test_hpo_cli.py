@@ -106,7 +106,7 @@ REFUSED = [
     (
         CLEAN.format(method="rhg", tmp="{tmp}"),
         "--resplits 3",
-        "--resplits does not apply to --method rhg (got 3; leave it at None)",
+        "--resplits does not apply to --method rhg (got 3; leave it at 1 or None)",
     ),
     (
         CLEAN.format(method="trhg", tmp="{tmp}"),
