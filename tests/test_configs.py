@@ -78,8 +78,21 @@ def training_key(settings: TrainSettings) -> str:
     return json.dumps([values, GEOMETRY[settings.dataset]], sort_keys=True)
 
 
+def heavy(path: Path) -> bool:
+    """Whether a few steps of a config take minutes on a 2-core CPU: ResNet-12 at 84x84 (1.5-3
+    minutes for 3 steps) and the MAML family (meta-batches of 32 inner loops)."""
+    settings = make_config(str(path), {})
+    return settings.method != "embedding" or (
+        settings.backbone == "resnet12" and GEOMETRY[settings.dataset][1] >= 84
+    )
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("path", CONFIGS, ids=config_id)
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(p, marks=pytest.mark.heavy) if heavy(p) else p for p in CONFIGS],
+    ids=config_id,
+)
 def test_config_trains(path, tmp_path, monkeypatch):
     """A few steps of the config as it is (precision, memory format, head, optimizer, lr,
     augmentation, episode shape and batch, re-splits) on synthetic images of its dataset's
