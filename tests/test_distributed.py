@@ -37,6 +37,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def torchrun(args: list[str], env: dict[str, str]) -> None:
+    """Run `torchrun --nproc-per-node 2 args` on a port free right now (each launch its own:
+    another test may take a port once it is released); a failure shows the ranks' output."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2",
+        f"--master-port={free_port()}", *args,
+    ]  # fmt: skip
+    done = subprocess.run(command, env=env, timeout=600, capture_output=True, text=True)
+    assert done.returncode == 0, f"exit status {done.returncode}:\n{done.stderr[-3000:]}"
+
+
 def reference_weights(out) -> dict:
     """One process: each step averages the gradients of the two halves of the batch, each half
     embedded on its own (DDP normalises BatchNorm per rank)."""
@@ -65,24 +76,11 @@ def test_torchrun_two_processes_match_one(tmp_path, tiny_omniglot_root, monkeypa
         for k, v in ARGS.items()
         if k not in ("channels_last", "val_episodes")
     ]
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nproc-per-node=2",
-        f"--master-port={free_port()}",
-        "-m",
-        "fewshot",
-        "train",
-        *flags,
-        f"--out={out}",
-    ]
     # channels_last and val_episodes are config-only: pass them through a config file
     config = tmp_path / "c.json"
     config.write_text('{"channels_last": false, "val_episodes": 8}')
-    subprocess.run(
-        [*cmd, f"--config={config}"], env=env, check=True, timeout=600, capture_output=True
-    )
+    cmd = ["-m", "fewshot", "train", *flags, f"--out={out}", f"--config={config}"]
+    torchrun(cmd, env)
     ddp = load_checkpoint(out / "last.pt")["model"]
     want = reference_weights(tmp_path / "ref")
     # Summation orders differ, and a conv bias before BatchNorm has a gradient of pure rounding
@@ -101,13 +99,7 @@ def test_torchrun_two_processes_match_one(tmp_path, tiny_omniglot_root, monkeypa
     for rank, rng in enumerate(load_checkpoint(out / "last.pt")["rank_rngs"]):
         assert torch.equal(rng["augment"], fresh(rank))
     resume = [arg for arg in cmd if not arg.startswith("--epochs=")]
-    subprocess.run(
-        [*resume, "--epochs=2", f"--resume={out / 'last.pt'}", f"--config={config}"],
-        env=env,
-        check=True,
-        timeout=600,
-        capture_output=True,
-    )
+    torchrun([*resume, "--epochs=2", f"--resume={out / 'last.pt'}"], env)
     resumed = load_checkpoint(out / "last.pt")
     assert resumed["progress"]["epoch"] == 2
     assert [torch.equal(r["augment"], fresh(1)) for r in resumed["rank_rngs"]] == [False, True]
