@@ -134,10 +134,16 @@ def _start(
 
 
 def _interior_point(
-    kernel: torch.Tensor, targets: torch.Tensor, C: float, tol: float, max_iter: int
-) -> tuple[torch.Tensor, _Newton, int, torch.Tensor]:
+    kernel: torch.Tensor,
+    targets: torch.Tensor,
+    C: float,
+    tol: float,
+    max_iter: int,
+    factor_solution: bool,
+) -> tuple[torch.Tensor, _Newton | None, int, torch.Tensor]:
     """Solve the dual (targets class-major [B, way, n]); return alpha [B, way, n], the
-    Newton factorisation at the solution, the steps taken and which episodes converged."""
+    Newton factorisation at the solution (only if `factor_solution`: the gradient needs it),
+    the steps taken and which episodes converged."""
     bound = C * targets
     x, failed = _start(kernel, targets, bound)
     count = targets.shape[1] * targets.shape[2]
@@ -173,8 +179,10 @@ def _interior_point(
             x.alpha + t3 * dA, x.slack + t3 * dS, x.dual + t3 * dZ, x.mu + t[:, None] * dmu
         )
         steps += 1
-    newton = _Newton(kernel, x.dual / x.slack)
-    if bool(failed | newton.failed):
+    newton = _Newton(kernel, x.dual / x.slack) if factor_solution else None
+    if newton is not None:
+        failed = failed | newton.failed
+    if bool(failed):
         raise FewshotError(
             "the SVM's Newton system is singular (duplicated support features with "
             "dual_ridge 0?); use dual_ridge > 0"
@@ -188,7 +196,7 @@ class _CrammerSingerQP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, kernel, targets, C, tol, max_iter, info):
         alpha, newton, iterations, converged = _interior_point(
-            kernel.detach(), targets.transpose(1, 2), C, tol, max_iter
+            kernel.detach(), targets.transpose(1, 2), C, tol, max_iter, ctx.needs_input_grad[0]
         )
         info.update(iterations=iterations, converged=converged)
         ctx.newton = newton
