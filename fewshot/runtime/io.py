@@ -6,6 +6,7 @@ import hashlib
 import io
 import json
 import os
+import pickle
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -154,6 +155,12 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         raise FewshotError(f"checkpoint not found: {path}")
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError:
+        # torch's own message advises weights_only=False, which would run the file's code.
+        raise FewshotError(
+            f"cannot read checkpoint {path}: not a torch checkpoint of plain tensors (fewshot "
+            "loads no file that could run code)"
+        ) from None
     except Exception as e:
         raise FewshotError(
             f"cannot read checkpoint {path} (not a torch checkpoint of plain tensors?): "
