@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from benchmarks import bench_ehg, bench_precision, bench_svm, bench_throughput
+from benchmarks import bench_ehg, bench_logistic, bench_precision, bench_svm, bench_throughput
 
 SECONDS = r"\d+\.\d+"
 
@@ -77,3 +77,15 @@ def test_bench_svm_both_solvers(monkeypatch, capsys):
         assert seconds > 0 and error < 1e-3 and peak >= 0
     assert re.search(r"interior point \d+ iterations, 2/2 converged", out)
     assert re.search(r"2 x 3w2s2q d=16 +interior point \d+\.\dx faster", out)
+
+
+def test_bench_logistic_smoke(monkeypatch, capsys):
+    out = run(monkeypatch, capsys, bench_logistic, "--smoke", "--device", "cpu")
+    number = r"\d+\.\d+"
+    for solver in (r"batched logistic \(8/call, cpu\)", r"scikit-learn lbfgs tol 1e-10"):
+        row = rf"{solver} +({number}) +{number} +{number}x +({number}) ± {number}"
+        figures = re.search(row, out)
+        assert figures, out
+        assert float(figures[1]) > 0 and 90 < float(figures[2]) <= 100
+    assert re.search(r"tol 1e-10: \+0\.000 ± 0\.000 points .* 0/16 episodes differ", out), out
+    assert re.search(r"^goal: .*: (met|NOT met) \(\d+\.\dx, equal accuracy\)$", out, re.M), out

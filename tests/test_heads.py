@@ -153,7 +153,12 @@ def test_svm_truncated_iterates_equal_metaoptnet_form(max_iter):
     torch.testing.assert_close(alpha, expected, rtol=1e-6, atol=1e-8)
 
 
-HEAD_OPTIONS = {"protonet": {}, "ridge": {"lam": 0.7}, "svm": {"max_iter": CONVERGED_ITERS}}
+HEAD_OPTIONS = {
+    "cosine": {},
+    "protonet": {},
+    "ridge": {"lam": 0.7},
+    "svm": {"max_iter": CONVERGED_ITERS},
+}
 
 
 @pytest.mark.parametrize("name", sorted(HEADS))

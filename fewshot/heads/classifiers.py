@@ -1,0 +1,147 @@
+"""Test-time classifiers on frozen features, batched over episodes like the heads.
+
+- `centroid`: nearest class mean (SimpleShot), optionally on CL2N features.
+- `cosine`: Meta-Baseline's cosine similarity to the class means (a training head too).
+- `logistic`: RFS's L2-penalised multinomial logistic regression (`fewshot.heads.logistic`).
+- `finetune`: A Closer Look's Baseline / Baseline++ classifier trained on the support.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from fewshot.heads.episode_inputs import check_query, support_one_hot
+from fewshot.heads.logistic import logistic
+from fewshot.heads.protonet import protonet
+from fewshot.runtime.errors import FewshotError
+
+FINETUNE_CLASSIFIERS = ("linear", "cosine")
+
+
+def centroid(
+    query: torch.Tensor,
+    support: torch.Tensor,
+    support_labels: torch.Tensor,
+    way: int,
+    shot: int,
+    cl2n: bool = False,
+    center: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Return -|query - class mean|^2 [B, nq, way] (SimpleShot), on CL2N features if cl2n.
+
+    CL2N: subtract `center` (the base classes' mean feature [d], from the caller), then
+    L2-normalise every query and support feature before the class means are taken.
+    """
+    support_one_hot(support, support_labels, way, shot)
+    check_query(query, support)
+    if not cl2n:
+        if center is not None:
+            raise FewshotError("centroid center is only used with cl2n=True")
+        return protonet(query, support, support_labels, way, shot)
+    if center is None:
+        raise FewshotError("centroid cl2n=True needs center: the base-class mean feature [dim]")
+    if not isinstance(center, torch.Tensor) or center.shape != support.shape[2:]:
+        shape = tuple(center.shape) if isinstance(center, torch.Tensor) else type(center).__name__
+        raise FewshotError(
+            f"centroid center must be a tensor [dim] = [{support.shape[2]}], got {shape}"
+        )
+    center = center.to(device=support.device, dtype=support.dtype)
+    support = F.normalize(support - center, dim=2)
+    query = F.normalize(query - center, dim=2)
+    return protonet(query, support, support_labels, way, shot)
+
+
+def cosine(
+    query: torch.Tensor,
+    support: torch.Tensor,
+    support_labels: torch.Tensor,
+    way: int,
+    shot: int,
+) -> torch.Tensor:
+    """Return cos(query, class mean) [B, nq, way] in [-1, 1] (Meta-Baseline; the caller scales)."""
+    one_hot = support_one_hot(support, support_labels, way, shot)
+    check_query(query, support)
+    # The means of the raw features, normalised after: Meta-Baseline's order.
+    prototypes = one_hot.transpose(1, 2) @ support / shot
+    return F.normalize(query, dim=2) @ F.normalize(prototypes, dim=2).transpose(1, 2)
+
+
+def finetune(
+    query: torch.Tensor,
+    support: torch.Tensor,
+    support_labels: torch.Tensor,
+    way: int,
+    shot: int,
+    classifier: str = "linear",
+    steps: int = 100,
+    lr: float = 0.01,
+    weight_decay: float = 0.001,
+    scale: float = 10.0,
+    seed: int = 0,
+    dampening: float = 0.9,
+) -> torch.Tensor:
+    """Return the query logits [B, nq, way] of a fresh classifier trained on the support
+    (A Closer Look: Baseline "linear", Baseline++ "cosine"); `steps` SGD steps, no tolerance.
+
+    Linear: logits x W + b. Cosine: scale * cos(x, w_c), no bias. W [B, d, way] (and b) start
+    as nn.Linear's default, U(-1/sqrt(d), 1/sqrt(d)), drawn on the CPU in the features' dtype
+    from torch.Generator().manual_seed(seed): torch.rand(B, d, way) then torch.rand(B, way),
+    each mapped by 2u - 1 times the bound. Training: cross-entropy (mean over the support) of
+    every episode at once, SGD with momentum 0.9, `dampening` and `weight_decay` on all the
+    parameters (the paper's code: lr 0.01, dampening 0.9, weight decay 0.001), but full-batch
+    for `steps` steps where the paper takes 100 epochs of shuffled batches of 4. Episodes do
+    not interact: the loss is a sum over episodes and SGD acts elementwise. Runs with autograd
+    on even under no_grad, on features detached from their graph; the logits are detached.
+    """
+    if classifier not in FINETUNE_CLASSIFIERS:
+        raise FewshotError(
+            f"finetune classifier must be one of {', '.join(FINETUNE_CLASSIFIERS)}, "
+            f"got {classifier!r}"
+        )
+    if steps < 1:
+        raise FewshotError(f"finetune steps must be at least 1, got {steps}")
+    if not lr > 0 or not weight_decay >= 0 or not scale > 0 or not 0 <= dampening < 1:
+        raise FewshotError(
+            f"finetune needs lr > 0, weight_decay >= 0, scale > 0 and 0 <= dampening < 1, got "
+            f"lr={lr}, weight_decay={weight_decay}, scale={scale}, dampening={dampening}"
+        )
+    support_one_hot(support, support_labels, way, shot)
+    check_query(query, support)
+    episodes, samples, dim = support.shape
+    features, query = support.detach(), query.detach()
+    labels = support_labels.to(support.device).long().flatten()
+    generator = torch.Generator().manual_seed(seed)
+    bound = 1 / math.sqrt(dim)
+
+    def uniform(*shape: int) -> torch.Tensor:
+        draw = torch.rand(*shape, generator=generator, dtype=support.dtype)
+        return ((2 * draw - 1) * bound).to(support.device).requires_grad_()
+
+    weight = uniform(episodes, dim, way)
+    bias = uniform(episodes, way) if classifier == "linear" else None
+
+    def scores(x: torch.Tensor) -> torch.Tensor:
+        if bias is None:
+            return scale * F.normalize(x, dim=2) @ F.normalize(weight, dim=1)
+        return torch.baddbmm(bias.unsqueeze(1), x, weight)
+
+    parameters = [weight] if bias is None else [weight, bias]
+    optimizer = torch.optim.SGD(
+        parameters, lr=lr, momentum=0.9, dampening=dampening, weight_decay=weight_decay
+    )
+    with torch.enable_grad():
+        for _ in range(steps):
+            losses = F.cross_entropy(scores(features).flatten(0, 1), labels, reduction="none")
+            # Each episode's mean, summed: episode b's gradient is its own mean loss's.
+            loss = losses.view(episodes, samples).mean(dim=1).sum()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+    with torch.no_grad():
+        return scores(query)
+
+
+__all__ = ["FINETUNE_CLASSIFIERS", "centroid", "cosine", "finetune", "logistic"]
