@@ -14,7 +14,7 @@ from trainers import make_trainer
 from fewshot.datasets import load_split
 from fewshot.methods import UNUSED_SETTINGS
 from fewshot.runtime.errors import FewshotError
-from fewshot.training.settings import TrainSettings, make_config
+from fewshot.training.settings import PretrainSettings, TrainSettings, make_config
 
 # Where a run reads and writes and what it runs on: they choose the place, not the run.
 PLACES = {"dataset", "data_root", "out", "device"}
@@ -102,6 +102,17 @@ FIELDS.remove("method")  # the matrix's other axis
 
 
 @functools.cache
+def pretrained(root: str, folder: str) -> str:
+    """A tiny pretraining checkpoint of BASE's backbone, for --init."""
+    settings = PretrainSettings(
+        batch_size=32, epochs=1, val_episodes=6, data_root=root, out=folder, device="cpu",
+        backbone_options=BASE["backbone_options"],
+    )  # fmt: skip
+    make_trainer(settings, data=(split(root, "train"), split(root, "val"))).fit()
+    return f"{folder}/last.pt"
+
+
+@functools.cache
 def baseline(name: str, root: str, folder: str) -> tuple:
     """The settings and observation of a run's tiny baseline (trained once per run)."""
     settings = make_config(None, {**BASE, **RUNS[name], "data_root": root, "out": folder})
@@ -116,7 +127,10 @@ def test_every_option_changes_the_run_or_is_refused_naming_it(
 ):
     root, method = str(tiny_omniglot_root), RUNS[name]["method"]
     settings, observed = baseline(name, root, str(tmp_path_factory.getbasetemp() / f"base_{name}"))
-    change = other_value(field, RUNS[name], settings)
+    if field == "init":  # a pretrained backbone to start from
+        change = {"init": pretrained(root, str(tmp_path_factory.getbasetemp() / "pretrained"))}
+    else:
+        change = other_value(field, RUNS[name], settings)
     out = tmp_path_factory.mktemp("changed")
     try:
         changed = make_config(

@@ -234,7 +234,9 @@ def test_ehg_leaves_the_episode_stream_unchanged(tmp_path):
     ehg = make_trainer(tiny_config(tmp_path / "b", resplits=4))
     loss_plain = [plain.train_step()[0] for _ in range(2)]
     loss_ehg = [ehg.train_step()[0] for _ in range(2)]
-    assert torch.equal(plain.sampler.generator.get_state(), ehg.sampler.generator.get_state())
+    assert torch.equal(
+        plain.batches.sampler.generator.get_state(), ehg.batches.sampler.generator.get_state()
+    )
     assert loss_plain[0] != loss_ehg[0]
 
 

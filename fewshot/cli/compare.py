@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from fewshot.cli.eval import EpisodeSettings
+from fewshot.cli.eval import EpisodeSettings, method_label
 from fewshot.datasets import load_split
 from fewshot.evaluation.episodes import EvalResult
 from fewshot.evaluation.stats import Difference, paired_ci, paired_seeds_ci, seeds_ci
@@ -36,14 +36,15 @@ def per_episode(settings: EpisodeSettings, paths: list[str]) -> tuple[str, list[
     dataset = settings.dataset or trained_on.pop()
     caches = []
     for method, config in models:
+        settings.use_classifier(method, config)
         method.check_way(settings.way)
-        caches.append(settings.cache_for(method, config["method"]))
+        caches.append(settings.cache_for(method, method_label(config)))
     split = load_split(dataset, settings.split, settings.data_root)
     for path, (_, config) in zip(files, models, strict=True):
         check_fits(config, split, path)
     return dataset, [
-        settings.accuracies(method, split, device, cache)
-        for (method, _), cache in zip(models, caches, strict=True)
+        settings.accuracies(method, config, split, device, cache)
+        for (method, config), cache in zip(models, caches, strict=True)
     ]
 
 
@@ -57,6 +58,11 @@ def identity(settings: CompareSettings | CompareSeedsSettings) -> dict:
     record.update(split=settings.split, way=settings.way, shot=settings.shot)
     record.update(query=settings.query, episodes=settings.episodes)
     record.update(seed=settings.seed, amp=settings.amp, cache=settings.cache, models=models)
+    record.update(
+        classifier=settings.classifier,
+        classifier_options=settings.classifier_options,
+        transductive=settings.transductive,
+    )
     record["checkpoint_sha256"] = [file_sha256(checkpoint_file(p)) for p in paths]
     return record
 

@@ -12,18 +12,39 @@ from fewshot.datasets import dataset_names, load_split
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluation.episodes import EvalResult, episode_accuracies
+from fewshot.heads import CLASSIFIERS, TRANSDUCTIVE
 from fewshot.methods.base import Method
+from fewshot.methods.embedding import EmbeddingMethod
 from fewshot.runtime.device import device_setting, resolve_device
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import atomic_write_json, file_sha256, prepare_output, same_json
 from fewshot.runtime.memory import MemoryTerm, check_memory
 from fewshot.runtime.precision import amp_setting, precision_name
-from fewshot.runtime.settings import Command, check_fields, seed_setting, setting
+from fewshot.runtime.settings import (
+    Command,
+    SettingError,
+    check_fields,
+    check_options,
+    seed_setting,
+    setting,
+)
 from fewshot.training.checkpoint import check_fits, checkpoint_file, load_trained
 
 # The checkpoint's settings that decide how its method solves a test episode (the weights are
 # named by the checkpoint's hash): recorded with the result, and a rerun must match them.
-METHOD_SETTINGS = ("method", "method_options", "head", "head_options", "eval_head_options")
+METHOD_SETTINGS = (
+    "stage",
+    "method",
+    "method_options",
+    "head",
+    "head_options",
+    "eval_head_options",
+)
+
+
+def method_label(config: dict) -> str:
+    """How messages name a checkpoint's method: `--method NAME`, or pretraining."""
+    return f"--method {config['method']}" if "method" in config else "a pretrained model"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,9 +73,55 @@ class EpisodeSettings:
         "there); --no-cache: embed every episode",
     )
     amp: str = amp_setting()
+    classifier: str | None = setting(
+        None,
+        help="test-time classifier on the model's frozen features (embedding methods and "
+        "pretrained models; default: the model's own head, nearest centroid for a pretrained one)",
+        choices=lambda: tuple(CLASSIFIERS),
+    )
+    classifier_options: dict = setting(
+        help="the classifier's keyword options as JSON, e.g. '{\"cl2n\": true}' (centroid: "
+        "SimpleShot's centring on the base-class mean and L2 normalisation) or '{\"C\": 1}'",
+        default_factory=dict,
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.classifier is None:
+            if self.classifier_options:
+                raise SettingError("classifier_options", "needs --classifier")
+        else:
+            check_options(
+                "classifier_options", self.classifier_options, CLASSIFIERS[self.classifier]
+            )
+
+    @property
+    def transductive(self) -> bool:
+        """Whether the classifier also uses each episode's unlabelled queries."""
+        return self.classifier in TRANSDUCTIVE
+
+    def use_classifier(self, method: Method, config: dict) -> None:
+        """Give an embedding method the --classifier (refused, before any data, for methods
+        that do not classify embeddings)."""
+        if self.classifier is None:
+            return
+        if not isinstance(method, EmbeddingMethod):
+            raise FewshotError(
+                f"--classifier does not apply to {method_label(config)}: it adapts its whole "
+                "network to every episode rather than classifying fixed features"
+            )
+        method.use_classifier(self.classifier, self.classifier_options)
+
+    def base_center(
+        self, method: Method, config: dict, device: torch.device
+    ) -> torch.Tensor | None:
+        """SimpleShot's base-class mean feature for centroid's CL2N: the mean embedding of
+        the model's training split (None when the classifier does not centre)."""
+        if not self.classifier_options.get("cl2n"):
+            return None
+        base = load_split(config["dataset"], config["train_split"], self.data_root)
+        check_fits(config, base, config["dataset"])
+        return method.embed_split(base, device).mean(dim=0)
 
     @property
     def shape(self) -> EpisodeShape:
@@ -62,19 +129,18 @@ class EpisodeSettings:
         return EpisodeShape(self.way, self.shot, self.query, self.episodes_per_batch)
 
     def cache_for(self, method: Method, name: str) -> bool:
-        """Whether `method` (registered as `name`) evaluates with the cache: by default where
+        """Whether `method` (named `name` in messages) evaluates with the cache: by default where
         it has one; --cache where it has none is refused (call this before reading data)."""
         if self.cache and not method.caches:
-            raise FewshotError(
-                f"--cache does not apply to --method {name}: it adapts to every episode"
-            )
+            raise FewshotError(f"--cache does not apply to {name}: it adapts to every episode")
         return method.caches if self.cache is None else self.cache
 
     def accuracies(
-        self, method: Method, split: ImageSplit, device: torch.device, cache: bool
+        self, method: Method, config: dict, split: ImageSplit, device: torch.device, cache: bool
     ) -> torch.Tensor:
-        """Per-episode accuracies of a trained method on these episodes, in this evaluation's
-        precision (whatever it was trained in), once their memory is known to fit."""
+        """Per-episode accuracies of a trained method (of checkpoint settings `config`) on these
+        episodes, in this evaluation's precision (whatever it was trained in), with its
+        --classifier, once their memory is known to fit."""
         method.amp = self.amp
         pool = self.shot + self.query
         terms = method.memory_terms(self.episodes_per_batch, self.way, pool, self.shot, 1, False)
@@ -82,6 +148,9 @@ class EpisodeSettings:
             cached = method.cache_bytes(len(split.labels)) if cache else 0
             what = f"the cached embeddings of {len(split.labels)} images"
             check_memory([*terms, MemoryTerm(cached, what, "--no-cache")], device, "the evaluation")
+        center = self.base_center(method, config, device)
+        if center is not None:
+            method.head_options["center"] = center
         return episode_accuracies(
             method, split, self.shape, self.episodes, self.seed, device, cache, progress=True
         )
@@ -110,13 +179,19 @@ def run_eval(settings: EvalSettings) -> EvalResult:
     checkpoint = checkpoint_file(settings.checkpoint)
     method, config = load_trained(checkpoint, device)
     dataset = settings.dataset or config["dataset"]
+    settings.use_classifier(method, config)
     # Everything the result depends on (the episodes per batch does not: see EPISODE_BLOCK).
     record = {"checkpoint": str(checkpoint), "checkpoint_sha256": file_sha256(checkpoint)}
-    method_settings = {key: config[key] for key in METHOD_SETTINGS}
+    method_settings = {key: config[key] for key in METHOD_SETTINGS if key in config}
     record.update(json.loads(json.dumps(method_settings)))  # as the JSON file reads back
     record.update(dataset=dataset, split=settings.split)
+    record.update(
+        classifier=settings.classifier,
+        classifier_options=settings.classifier_options,
+        transductive=settings.transductive,
+    )
     precision = precision_name(settings.amp, device.type)
-    cache = settings.cache_for(method, config["method"])
+    cache = settings.cache_for(method, method_label(config))
     record.update(cache=cache, precision=precision)
     record.update(episodes=settings.episodes, way=settings.way, shot=settings.shot)
     record.update(query=settings.query, seed=settings.seed)
@@ -127,7 +202,7 @@ def run_eval(settings: EvalSettings) -> EvalResult:
     method.check_way(settings.way)
     split = load_split(dataset, settings.split, settings.data_root)
     check_fits(config, split, checkpoint)
-    accuracies = settings.accuracies(method, split, device, cache)
+    accuracies = settings.accuracies(method, config, split, device, cache)
     result = EvalResult.of(accuracies, settings.shape, settings.seed)
     print(result.line())
     record.update(asdict(result))

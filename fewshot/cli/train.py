@@ -1,4 +1,5 @@
-"""`fewshot train`: a run from defaults, a config file and flags, or continuing a checkpoint."""
+"""`fewshot train` and `fewshot pretrain`: a run from defaults, a config file and flags, or
+continuing a checkpoint; both on the one trainer."""
 
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ from fewshot.runtime.run_folder import RunFolder
 from fewshot.runtime.settings import Command, SettingError, check_fields, setting
 from fewshot.training.settings import (
     CHANGEABLE_ON_RESUME,
+    PretrainSettings,
+    RunSettings,
     TrainSettings,
     checkpoint_settings,
     read_config_file,
 )
-from fewshot.training.trainer import Trainer
+from fewshot.training.trainer import Trainer, init_backbone
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,8 @@ class TrainRun:
     )
     overwrite: bool = setting(False, help="let a fresh run replace the run its --out folder holds")
 
+    stage = "train"  # which command's checkpoints --resume takes
+
     def __post_init__(self) -> None:
         check_fields(self)
         if self.resume and self.overwrite:
@@ -47,7 +52,9 @@ class TrainRun:
     @cached_property
     def resumed_settings(self) -> dict | None:
         """The settings of the run --resume continues (checked once)."""
-        return checkpoint_settings(self.checkpoint, self.resume) if self.resume else None
+        if not self.resume:
+            return None
+        return checkpoint_settings(self.checkpoint, self.resume, self.stage, "--resume")
 
     def sources(self) -> list[tuple[str, dict]]:
         """Layers under the flags: the resumed run's settings, the config file, and the
@@ -61,7 +68,7 @@ class TrainRun:
             layers.append(("--resume", {"out": str(Path(self.resume).parent)}))
         return layers
 
-    def check_resumable(self, settings: TrainSettings) -> None:
+    def check_resumable(self, settings: RunSettings) -> None:
         """Refuse a resumed run whose settings changed beyond how long, where and on what."""
         if not self.resume:
             return
@@ -75,25 +82,35 @@ class TrainRun:
             )
 
 
-def run_train(run: TrainRun, settings: TrainSettings) -> Path:
-    """`fewshot train`: lock the run folder, read the data, train."""
+@dataclass(frozen=True)
+class PretrainRun(TrainRun):
+    """How `fewshot pretrain` is started: from a config file, or continuing a checkpoint."""
+
+    stage = "pretrain"
+
+
+def run_train(run: TrainRun, settings: RunSettings) -> Path:
+    """`fewshot train` or `fewshot pretrain`: lock the run folder, read the data, train."""
     run.check_resumable(settings)
     device = resolve_device(settings.device)
     dist = init_distributed(device)
-    if dist.world > 1 and settings.episodes_per_batch % dist.world:
-        raise FewshotError(
-            f"--episodes-per-batch {settings.episodes_per_batch} must be divisible by the "
-            f"{dist.world} processes"
-        )
+    per_step, flag = (
+        (settings.batch_size, "--batch-size")
+        if isinstance(settings, PretrainSettings)
+        else (settings.episodes_per_batch, "--episodes-per-batch")
+    )
+    if dist.world > 1 and per_step % dist.world:
+        raise FewshotError(f"{flag} {per_step} must be divisible by the {dist.world} processes")
     try:
         return _train(run, settings, device, dist)
     finally:
         close_distributed(dist)
 
 
-def _train(run: TrainRun, settings: TrainSettings, device, dist) -> Path:
+def _train(run: TrainRun, settings: RunSettings, device, dist) -> Path:
     """Train in the locked run folder (rank 0 holds the lock)."""
     device = dist.device(device)
+    init = None if run.resume else init_backbone(settings)  # before the folder is made
     with contextlib.ExitStack() as stack:
         folder = None
         if dist.is_main:  # refuse a busy or occupied folder before reading any data
@@ -101,7 +118,7 @@ def _train(run: TrainRun, settings: TrainSettings, device, dist) -> Path:
             own = run.resume and Path(settings.out).resolve() == Path(run.resume).parent.resolve()
             folder = stack.enter_context(RunFolder(settings.out, not own, run.overwrite))
         resume = (run.resume, run.checkpoint) if run.resume else None
-        trainer = Trainer(settings, device, dist, resume=resume)
+        trainer = Trainer(settings, device, dist, resume=resume, init=init)
         if trainer.progress.epoch >= settings.epochs:
             epochs = settings.epochs
             print(f"the run already finished its {epochs} epochs (raise --epochs to go on)")
@@ -118,5 +135,12 @@ COMMANDS = [
         "episodic meta-training (resumable; see --resume)",
         (TrainRun, TrainSettings),
         run_train,
-    )
+    ),
+    Command(
+        ("pretrain",),
+        "supervised pretraining on every train class at once (Baseline, Baseline++, RFS), "
+        "validated by nearest-centroid episodes (resumable; see --resume)",
+        (PretrainRun, PretrainSettings),
+        run_train,
+    ),
 ]

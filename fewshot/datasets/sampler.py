@@ -76,3 +76,54 @@ class EpisodeSampler:
     def load_state_dict(self, state: dict) -> None:
         """Continue from a saved RNG position."""
         self.generator.set_state(state["generator"])
+
+
+class ImageBatchSampler:
+    """Draws batches of image indices for supervised pretraining: passes over the split in a
+    seeded random order, each image once per pass (the last incomplete batch of a pass is
+    dropped, as `DataLoader(drop_last=True)` does). `state_dict` lets training resume mid-pass.
+    """
+
+    def __init__(self, images: int, batch: int, seed: int, source: str = ""):
+        if batch > images:
+            where = f" in {source}" if source else ""
+            raise FewshotError(f"a batch of {batch} images needs {batch} images, {images}{where}")
+        self.images, self.batch = images, batch
+        self.generator = torch.Generator().manual_seed(seed)
+        self.order = torch.randperm(images, generator=self.generator)
+        self.position = 0
+
+    @property
+    def batches_per_pass(self) -> int:
+        """Full batches in one pass over the images."""
+        return self.images // self.batch
+
+    def sample(self) -> torch.Tensor:
+        """The next batch: long tensor [batch] of dataset indices."""
+        if self.position + self.batch > self.images:
+            self.order = torch.randperm(self.images, generator=self.generator)
+            self.position = 0
+        batch = self.order[self.position : self.position + self.batch]
+        self.position += self.batch
+        return batch
+
+    def state_dict(self) -> dict:
+        """The pass's order and position and the RNG position, for exact resume."""
+        return {
+            "generator": self.generator.get_state(),
+            "order": self.order.clone(),
+            "position": self.position,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from a saved position; ValueError when it is not one of these images."""
+        order, position = state["order"], state["position"]
+        if not (
+            isinstance(order, torch.Tensor)
+            and order.shape == (self.images,)
+            and isinstance(position, int)
+            and 0 <= position <= self.images
+        ):
+            raise ValueError(f"the sampler state is not a pass over {self.images} images")
+        self.generator.set_state(state["generator"])
+        self.order, self.position = order.long(), position

@@ -6,6 +6,7 @@ from collections.abc import Callable
 
 import torch
 
+from fewshot.heads.classifiers import centroid, cosine, finetune, logistic
 from fewshot.heads.protonet import protonet
 from fewshot.heads.ridge import ridge
 from fewshot.heads.svm import svm
@@ -13,7 +14,18 @@ from fewshot.runtime.errors import FewshotError
 
 Head = Callable[..., torch.Tensor]
 
-HEADS: dict[str, Head] = {"protonet": protonet, "ridge": ridge, "svm": svm}
+# The trainable heads: differentiable in the support and query features.
+HEADS: dict[str, Head] = {"protonet": protonet, "ridge": ridge, "svm": svm, "cosine": cosine}
+# Every classifier of frozen features at test time: the heads and those that only evaluate.
+CLASSIFIERS: dict[str, Head] = {
+    **HEADS,
+    "centroid": centroid,
+    "logistic": logistic,
+    "finetune": finetune,
+}
+# The classifiers that also use each episode's unlabelled queries (a separate protocol: results
+# say so).
+TRANSDUCTIVE: frozenset[str] = frozenset()
 
 
 def check_head(name: str, way: int, shot: int, options: dict) -> None:
@@ -31,4 +43,18 @@ def get_head(name: str) -> Head:
     return HEADS[name]
 
 
-__all__ = ["HEADS", "Head", "check_head", "get_head", "protonet", "ridge", "svm"]
+__all__ = [
+    "CLASSIFIERS",
+    "HEADS",
+    "TRANSDUCTIVE",
+    "Head",
+    "centroid",
+    "check_head",
+    "cosine",
+    "finetune",
+    "get_head",
+    "logistic",
+    "protonet",
+    "ridge",
+    "svm",
+]

@@ -45,10 +45,11 @@ MAML_TRAINING = {
 
 
 def unused_settings(variant: str) -> frozenset[str]:
-    """The training settings a variant never reads: the embedding heads' and, for the
+    """The training settings a variant never reads: the embedding heads' and --init (a
+    pretrained backbone is for embedding methods) and, for the
     variants that adapt every layer under vmap, channels_last (BatchNorm inside vmap cannot
     query a channels_last tensor on CUDA; ANIL runs its backbone outside vmap)."""
-    unused = {"head", "head_options", "eval_head_options", "label_smoothing"}
+    unused = {"head", "head_options", "eval_head_options", "label_smoothing", "init"}
     return frozenset(unused if variant == "anil" else unused | {"channels_last"})
 
 

@@ -14,12 +14,16 @@ from fewshot.backbones import build_backbone
 from fewshot.backbones.footprint import activation_elements
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import images_to_device
-from fewshot.heads import HEADS
+from fewshot.heads import CLASSIFIERS, HEADS
 from fewshot.methods.base import EpisodeSolver, Method, check_episodes
 from fewshot.methods.resplit import episode_loss
 from fewshot.runtime.memory import MemoryTerm
 from fewshot.runtime.precision import autocast_dtype
 from fewshot.runtime.signals import Stop, check_stop
+
+# The learned scale's starting value per head: Meta-Baseline's cosine logits start at 10
+# (cosines alone are too flat for a softmax); the distance heads start at 1.
+INITIAL_SCALES = {"cosine": 10.0}
 
 
 class EmbeddingMethod(Method):
@@ -45,12 +49,18 @@ class EmbeddingMethod(Method):
         # Options that apply in eval mode only (e.g. fewer SVM iterations in testing).
         self.eval_head_options = dict(eval_head_options or {})
         self.label_smoothing = label_smoothing
-        self.scale = nn.Parameter(torch.tensor(1.0))
+        self.scale = nn.Parameter(torch.tensor(INITIAL_SCALES.get(head, 1.0)))
 
     def head(self, query, support, support_labels, way: int, shot: int, **overrides):
         """The unscaled head logits with the model's head options (eval-mode ones in eval)."""
         options = {**self.head_options, **({} if self.training else self.eval_head_options)}
         return self.head_fn(query, support, support_labels, way, shot, **options, **overrides)
+
+    def use_classifier(self, name: str, options: dict) -> None:
+        """Classify episodes with the test-time classifier `name` (fewshot.heads.CLASSIFIERS)
+        and its options instead of the trained head."""
+        self.head_name, self.head_fn = name, CLASSIFIERS[name]
+        self.head_options, self.eval_head_options = dict(options), {}
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """Flat float32 features [N, d] of normalised images [N, C, H, W] (autocast if amp)."""
@@ -77,19 +87,24 @@ class EmbeddingMethod(Method):
         embeddings = self.embed(images.flatten(0, 2)).view(b, way, pool, -1)
         return episode_loss(embeddings, self.head, self.scale, shot)[1]
 
-    def memory_terms(
-        self, episodes: int, way: int, pool: int, shot: int, resplits: int, training: bool
-    ) -> list[MemoryTerm]:
-        """The backbone's activations of the batch's images (all its layers' outputs in
-        training, the largest in inference) and the U re-splits' gathered embeddings."""
+    def backbone_term(self, images: int, training: bool, lower: str) -> MemoryTerm:
+        """The backbone's activations on `images` images (all its layers' outputs in
+        training, the largest in inference), shrunk by the setting `lower`."""
         total, peak = activation_elements(self.backbone)
         device = next(self.parameters()).device
         element = 4 if autocast_dtype(self.amp, device.type) is None else 2
+        size = images * (total if training else peak) * element
+        return MemoryTerm(size, f"the backbone on {images} images", lower)
+
+    def memory_terms(
+        self, episodes: int, way: int, pool: int, shot: int, resplits: int, training: bool
+    ) -> list[MemoryTerm]:
+        """The backbone's activations of the batch's images and the U re-splits' gathered
+        embeddings."""
         images = episodes * way * pool
-        activations = images * (total if training else peak) * element
         gathered = 4 * resplits * images * self.backbone.out_dim
         return [
-            MemoryTerm(activations, f"the backbone on {images} images", "--episodes-per-batch"),
+            self.backbone_term(images, training, "--episodes-per-batch"),
             MemoryTerm(gathered, f"{resplits} re-split(s) of their embeddings", "--resplits"),
         ]
 
@@ -124,16 +139,20 @@ class EmbeddingMethod(Method):
         return solve
 
 
-def build_embedding_method(settings: dict) -> EmbeddingMethod:
-    """The embedding method of a run's settings (backbone, head and their options, amp)."""
-    backbone = build_backbone(
+def settings_backbone(settings: dict) -> nn.Module:
+    """The backbone of a run's settings, for the data's channels and image size."""
+    return build_backbone(
         settings["backbone"],
         settings["in_channels"],
         settings["image_size"],
         **settings["backbone_options"],
     )
+
+
+def build_embedding_method(settings: dict) -> EmbeddingMethod:
+    """The embedding method of a run's settings (backbone, head and their options, amp)."""
     return EmbeddingMethod(
-        backbone,
+        settings_backbone(settings),
         settings["head"],
         settings["head_options"],
         settings["eval_head_options"],

@@ -14,13 +14,15 @@ from pathlib import Path
 import torch
 
 from fewshot.datasets.base import ImageSplit
-from fewshot.datasets.sampler import EpisodeSampler
+from fewshot.datasets.sampler import EpisodeSampler, ImageBatchSampler
 from fewshot.methods import Method, build_method
+from fewshot.methods.pretraining import build_pretrain_method
 from fewshot.runtime.errors import FewshotError, summary
 from fewshot.runtime.io import load_checkpoint
-from fewshot.training.settings import checkpoint_settings
+from fewshot.training.settings import TrainSettings, checkpoint_settings, checkpoint_stage
 from fewshot.training.state import Progress, RandomStreams
 
+GEOMETRY_KEYS = ("in_channels", "image_size")
 # What a checkpoint needs to continue a run (an imported or evaluation-only one lacks them).
 CONTINUATION_KEYS = ("model", "optimizer", "scaler", "progress", "sampler", "rng")
 
@@ -35,7 +37,7 @@ def training_checkpoint(
     method: Method,
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler,
-    sampler: EpisodeSampler,
+    sampler: EpisodeSampler | ImageBatchSampler,
     progress: Progress,
     rngs: list[dict],
 ) -> dict:
@@ -59,7 +61,7 @@ def restore_training(
     method: Method,
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler,
-    sampler: EpisodeSampler,
+    sampler: EpisodeSampler | ImageBatchSampler,
     streams: RandomStreams,
     steps_per_epoch: int,
     rank: int = 0,
@@ -91,21 +93,50 @@ def restore_training(
 def trained_method(ckpt: dict, settings: dict, path: str | Path) -> Method:
     """The method of a checkpoint with its weights (in eval mode, on the CPU)."""
     config = ckpt["config"]
-    geometry = {key: config.get(key) for key in ("in_channels", "image_size")}
+    keys = ("in_channels", "image_size", "classes") if "classes" in config else GEOMETRY_KEYS
+    geometry = {key: config.get(key) for key in keys}
     if not all(isinstance(v, int) and v > 0 for v in geometry.values()) or "model" not in ckpt:
         raise FewshotError(f"{path} is not a fewshot training checkpoint (no image size or model)")
-    method = build_method({**settings, **geometry})
+    pretrained = config.get("stage") == "pretrain"
+    build = build_pretrain_method if pretrained else build_method
+    method = build({**settings, **geometry})
     bad = non_finite(ckpt["model"])
     if bad:
         raise FewshotError(f"{path} holds non-finite weights ({', '.join(bad[:3])}); not using it")
     try:
         method.load_state_dict(ckpt["model"])
     except RuntimeError as e:
+        what = "pretraining" if pretrained else f"{settings['head']} head, {settings['method']}"
         raise FewshotError(
-            f"{path} does not fit a {settings['backbone']} backbone with the {settings['head']} "
-            f"head ({settings['method']} method): {summary(e)}"
+            f"{path} does not fit a {settings['backbone']} backbone ({what}): {summary(e)}"
         ) from None
     return method.eval()
+
+
+def pretrained_backbone(
+    path: str | Path, settings: TrainSettings, geometry: tuple[int, int]
+) -> dict[str, torch.Tensor]:
+    """The backbone weights of a `fewshot pretrain` checkpoint for `--init`, refused in one
+    line when the checkpoint is of another stage, backbone or image geometry (channels, size)."""
+    ckpt = load_checkpoint(path)
+    saved = checkpoint_settings(ckpt, path, "pretrain", "--init")
+    config = ckpt["config"]
+    have = (config.get("in_channels"), config.get("image_size"))
+    if saved["backbone"] != settings.backbone or have != geometry:
+        raise FewshotError(
+            f"--init {path}: a {saved['backbone']} backbone for {have[0]}x{have[1]}x{have[1]} "
+            f"images; this run trains a {settings.backbone} on {settings.dataset} "
+            f"({geometry[0]}x{geometry[1]}x{geometry[1]})"
+        )
+    state = {
+        k.removeprefix("backbone."): v
+        for k, v in ckpt.get("model", {}).items()
+        if k.startswith("backbone.")
+    }
+    bad = non_finite(state)
+    if not state or bad:
+        raise FewshotError(f"--init {path}: no finite backbone weights ({', '.join(bad[:3])})")
+    return state
 
 
 def load_trained(path: str | Path, device: torch.device) -> tuple[Method, dict]:
@@ -114,8 +145,8 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[Method, dict]:
     ckpt = load_checkpoint(path)
     settings = checkpoint_settings(ckpt, path)
     method = trained_method(ckpt, settings, path).to(device)
-    geometry = {key: ckpt["config"][key] for key in ("in_channels", "image_size")}
-    return method, {**settings, **geometry}
+    geometry = {key: ckpt["config"][key] for key in GEOMETRY_KEYS}
+    return method, {**settings, **geometry, "stage": checkpoint_stage(ckpt, path)}
 
 
 def checkpoint_file(path: str | Path) -> Path:

@@ -21,6 +21,7 @@ from fewshot.methods import (
     build_method,
     method_names,
 )
+from fewshot.methods.pretraining import PRETRAIN_CLASSIFIERS, build_pretrain_method
 from fewshot.methods.resplit import distinct_resplits
 from fewshot.runtime.device import device_setting
 from fewshot.runtime.errors import FewshotError
@@ -41,8 +42,9 @@ CHANGEABLE_ON_RESUME = ("epochs", "out", "device", "data_root")
 
 
 @dataclass
-class TrainSettings:
-    """Everything that defines a training run (saved in every checkpoint)."""
+class RunSettings:
+    """What every training run shares, episodic or pretraining: data, backbone, validation
+    episodes, optimizer, precision, seed, device and run folder."""
 
     dataset: str = setting("omniglot", help="dataset name", choices=dataset_names)
     data_root: str | None = setting(
@@ -50,16 +52,93 @@ class TrainSettings:
     )
     train_split: str = setting("train", help="split to train on (e.g. train, trainval)")
     val_split: str = setting("val", help="split to validate on")
+    backbone: str = setting("conv4", help="embedding network", choices=tuple(BACKBONES))
+    backbone_options: dict = setting(
+        help="backbone keyword options as JSON, e.g. '{\"drop_block_size\": 2}'",
+        default_factory=dict,
+    )
+    val_way: int | None = setting(None, help="validation way (default: --way)", low=1)
+    val_shot: int | None = setting(None, help="validation shot (default: --shot)", low=1)
+    val_query: int | None = setting(None, help="validation query (default: --query)", low=1)
+    val_episodes: int = setting(500, help="seeded validation episodes per epoch", low=2)
+    val_seed: int = seed_setting(1234, help="seed of the validation episodes")
+    epochs: int = setting(60, help="training epochs", low=1)
+    optimizer: str = setting(
+        "sgd",
+        help="sgd (Nesterov momentum) or adam; the MAML family defaults to adam, lr 0.001, "
+        "no weight decay or schedule",
+        choices=("sgd", "adam"),
+    )
+    lr: float = setting(0.1, help="base learning rate", above=0)
+    momentum: float = setting(0.9, help="SGD momentum (optimizer sgd)", low=0, below=1)
+    weight_decay: float = setting(5e-4, help="L2 weight decay", low=0)
+    lr_schedule: list = setting(
+        help="[[epoch, factor], ...]: from that (0-based) epoch on, lr = base lr * factor",
+        default_factory=lambda: [[20, 0.06], [40, 0.012], [50, 0.0024]],
+    )
+    label_smoothing: float = setting(
+        0.0, help="label smoothing of the loss (embedding method, pretraining)", low=0, below=1
+    )
+    augment: bool = setting(
+        False, help="MetaOptNet's training augmentation (84x84 and 32x32 datasets)"
+    )
+    channels_last: bool = setting(
+        True,
+        help="channels_last memory format for the backbone (embedding method, anil and "
+        "pretraining; the MAML family defaults to off)",
+    )
+    amp: str = amp_setting()
+    seed: int = seed_setting(0, help="seed of the episodes, splits, augmentation and weights")
+    device: str = device_setting()
+    out: str = setting("runs/default", help="run folder (checkpoints, metrics.jsonl)")
+
+    # What the run's checkpoints say they are (see checkpoint_settings).
+    stage = "train"
+
+    def _check_common(self) -> None:
+        """Checks of the shared fields that involve several of them."""
+        if not self.out.strip():
+            raise SettingError("out", "must name a folder")
+        for i, entry in enumerate(self.lr_schedule):
+            if not _is_schedule_entry(entry):
+                raise SettingError(
+                    "lr_schedule",
+                    f"entry {i} must be [epoch >= 0 (an integer), factor > 0], got {entry!r}",
+                )
+        if self.optimizer != "sgd":
+            refuse_unused(self, ["momentum"], f"--optimizer {self.optimizer}")
+        check_options("backbone_options", self.backbone_options, BACKBONES[self.backbone])
+        side = GEOMETRY[self.dataset][1]
+        if self.augment and side not in PAPER_PADDING:
+            raise SettingError(
+                "augment",
+                f"does not apply to --dataset {self.dataset}: MetaOptNet's augmentation is "
+                f"defined for {' and '.join(f'{s}x{s}' for s in PAPER_PADDING)} images, not "
+                f"{side}x{side}",
+            )
+
+    def lr_factor(self, epoch: int) -> float:
+        """Learning-rate multiplier in `epoch` (0-based) under the step schedule."""
+        factor = 1.0
+        for start, value in sorted(self.lr_schedule):
+            if epoch >= start:
+                factor = value
+        return factor
+
+    def to_dict(self) -> dict:
+        """Plain dict (JSON- and checkpoint-safe)."""
+        return asdict(self)
+
+
+@dataclass
+class TrainSettings(RunSettings):
+    """Everything that defines an episodic training run (saved in every checkpoint)."""
+
     method: str = setting(
         "embedding", help="what trains and evaluates an episode", choices=method_names
     )
     method_options: dict = setting(
         help="the method's keyword options as JSON (none for embedding)", default_factory=dict
-    )
-    backbone: str = setting("conv4", help="embedding network", choices=tuple(BACKBONES))
-    backbone_options: dict = setting(
-        help="backbone keyword options as JSON, e.g. '{\"drop_block_size\": 2}'",
-        default_factory=dict,
     )
     head: str = setting(
         "protonet",
@@ -76,46 +155,17 @@ class TrainSettings:
         "embedding method)",
         default_factory=dict,
     )
+    init: str | None = setting(
+        None,
+        help="start the backbone from this fewshot pretrain checkpoint (Meta-Baseline; "
+        "embedding method)",
+    )
     way: int = setting(5, help="classes per training episode", low=1)
     shot: int = setting(1, help="support images per class", low=1)
     query: int = setting(15, help="query images per class", low=1)
-    val_way: int | None = setting(None, help="validation way (default: --way)", low=1)
-    val_shot: int | None = setting(None, help="validation shot (default: --shot)", low=1)
-    val_query: int | None = setting(None, help="validation query (default: --query)", low=1)
-    val_episodes: int = setting(500, help="seeded validation episodes per epoch", low=2)
-    val_seed: int = seed_setting(1234, help="seed of the validation episodes")
-    epochs: int = setting(60, help="training epochs", low=1)
     episodes_per_epoch: int = setting(1000, help="training episodes per epoch", low=1)
     episodes_per_batch: int = setting(2, help="episodes per optimizer step", low=1)
     resplits: int = setting(1, help="U: re-splits of every episode (EHG); 1 = plain", low=1)
-    optimizer: str = setting(
-        "sgd",
-        help="sgd (Nesterov momentum) or adam; the MAML family defaults to adam, lr 0.001, "
-        "no weight decay or schedule",
-        choices=("sgd", "adam"),
-    )
-    lr: float = setting(0.1, help="base learning rate", above=0)
-    momentum: float = setting(0.9, help="SGD momentum (optimizer sgd)", low=0, below=1)
-    weight_decay: float = setting(5e-4, help="L2 weight decay", low=0)
-    lr_schedule: list = setting(
-        help="[[epoch, factor], ...]: from that (0-based) epoch on, lr = base lr * factor",
-        default_factory=lambda: [[20, 0.06], [40, 0.012], [50, 0.0024]],
-    )
-    label_smoothing: float = setting(
-        0.0, help="label smoothing of the query loss (embedding method)", low=0, below=1
-    )
-    augment: bool = setting(
-        False, help="MetaOptNet's training augmentation (84x84 and 32x32 datasets)"
-    )
-    channels_last: bool = setting(
-        True,
-        help="channels_last memory format for the backbone (embedding method and anil; the "
-        "MAML family defaults to off)",
-    )
-    amp: str = amp_setting()
-    seed: int = seed_setting(0, help="seed of the episodes, splits, augmentation and weights")
-    device: str = device_setting()
-    out: str = setting("runs/default", help="run folder (checkpoints, metrics.jsonl)")
 
     @classmethod
     def defaults_for(cls, values: dict) -> list[tuple[str, dict]]:
@@ -138,12 +188,11 @@ class TrainSettings:
         self.val_way = self.val_way or self.way
         self.val_shot = self.val_shot or self.shot
         self.val_query = self.val_query or self.query
+        self._check_common()
         self._check_relations()
 
     def _check_relations(self) -> None:
         """Checks that involve several fields."""
-        if not self.out.strip():
-            raise SettingError("out", "must name a folder")
         if self.episodes_per_epoch % self.episodes_per_batch:
             raise SettingError(
                 "episodes_per_epoch",
@@ -158,28 +207,12 @@ class TrainSettings:
                 f"{self.query}-query episode (C({self.shot + self.query},{self.shot})^{self.way}),"
                 f" got {self.resplits}",
             )
-        for i, entry in enumerate(self.lr_schedule):
-            if not _is_schedule_entry(entry):
-                raise SettingError(
-                    "lr_schedule",
-                    f"entry {i} must be [epoch >= 0 (an integer), factor > 0], got {entry!r}",
-                )
         # What the method or the optimizer never reads must keep its neutral value.
         owner = f"--method {self.method}"
         unused, neutral = UNUSED_SETTINGS.get(self.method, ()), TRAINING_DEFAULTS.get(self.method)
         refuse_unused(self, unused, owner, neutral)
-        if self.optimizer != "sgd":
-            refuse_unused(self, ["momentum"], f"--optimizer {self.optimizer}")
         check_options("method_options", self.method_options, METHODS[self.method], self.method)
-        check_options("backbone_options", self.backbone_options, BACKBONES[self.backbone])
         channels, side = GEOMETRY[self.dataset]
-        if self.augment and side not in PAPER_PADDING:
-            raise SettingError(
-                "augment",
-                f"does not apply to --dataset {self.dataset}: MetaOptNet's augmentation is "
-                f"defined for {' and '.join(f'{s}x{s}' for s in PAPER_PADDING)} images, not "
-                f"{side}x{side}",
-            )
         # The method and its backbone check their own options; on the meta device building
         # them for the dataset's images costs nothing.
         try:
@@ -202,17 +235,55 @@ class TrainSettings:
             except FewshotError as e:
                 raise SettingError(key if getattr(self, key) else "head", str(e)) from None
 
-    def lr_factor(self, epoch: int) -> float:
-        """Learning-rate multiplier in `epoch` (0-based) under the step schedule."""
-        factor = 1.0
-        for start, value in sorted(self.lr_schedule):
-            if epoch >= start:
-                factor = value
-        return factor
 
-    def to_dict(self) -> dict:
-        """Plain dict (JSON- and checkpoint-safe)."""
-        return asdict(self)
+@dataclass
+class PretrainSettings(RunSettings):
+    """Everything that defines a pretraining run: supervised classification of every image of
+    the train classes at once (Baseline, Baseline++, RFS), validated by few-shot episodes with
+    nearest centroid. The defaults are RFS's recipe (Tian et al. 2020, Section 4: SGD 0.05,
+    momentum 0.9, weight decay 5e-4, batch 64, 100 epochs, lr x0.1 at epochs 60 and 80)."""
+
+    val_way: int | None = setting(None, help="validation way (default: 5)", low=1)
+    val_shot: int | None = setting(None, help="validation shot (default: 1)", low=1)
+    val_query: int | None = setting(None, help="validation query (default: 15)", low=1)
+    epochs: int = setting(100, help="passes over the train images", low=1)
+    lr: float = setting(0.05, help="base learning rate", above=0)
+    lr_schedule: list = setting(
+        help="[[epoch, factor], ...]: from that (0-based) epoch on, lr = base lr * factor",
+        default_factory=lambda: [[60, 0.1], [80, 0.01]],
+    )
+    out: str = setting("runs/pretrain", help="run folder (checkpoints, metrics.jsonl)")
+    classifier: str = setting(
+        "linear",
+        help="classifier over every train class: linear (Baseline, RFS) or cosine (Baseline++)",
+        choices=PRETRAIN_CLASSIFIERS,
+    )
+    scale: float = setting(
+        10.0, help="initial scale of the cosine classifier's logits (classifier cosine)", above=0
+    )
+    learn_scale: bool = setting(
+        True, help="learn the cosine classifier's scale (classifier cosine; else fixed)"
+    )
+    batch_size: int = setting(64, help="images per optimizer step", low=1)
+
+    stage = "pretrain"
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        self.val_way = self.val_way or 5
+        self.val_shot = self.val_shot or 1
+        self.val_query = self.val_query or 15
+        self._check_common()
+        if self.classifier != "cosine":
+            refuse_unused(self, ["scale", "learn_scale"], f"--classifier {self.classifier}")
+        channels, side = GEOMETRY[self.dataset]
+        try:  # the backbone checks its options; free on the meta device
+            with torch.device("meta"):
+                build_pretrain_method(
+                    {**asdict(self), "in_channels": channels, "image_size": side, "classes": 2}
+                )
+        except ValueError as e:
+            raise SettingError("backbone_options", str(e)) from None
 
 
 def _is_schedule_entry(entry: object) -> bool:
@@ -237,27 +308,57 @@ def read_config_file(path: str | Path) -> dict:
     return {k: v for k, v in values.items() if not k.startswith("_")}
 
 
-def make_config(config_file: str | None, flags: dict) -> TrainSettings:
-    """Defaults (the method's own among them) <- config file <- command-line values."""
+def make_config(
+    config_file: str | None, flags: dict, cls: type[RunSettings] = TrainSettings
+) -> RunSettings:
+    """Defaults (the method's own among them) <- config file <- command-line values, as the
+    settings `cls` (TrainSettings, or PretrainSettings)."""
     layers = [(f"config file {config_file}", read_config_file(config_file))] if config_file else []
-    return build(TrainSettings, [*layers, ("flags", flags)])
+    return build(cls, [*layers, ("flags", flags)])
 
 
 # Settings renamed since checkpoints were first written: older checkpoints still load.
 RENAMED = {"ehg_splits": "resplits"}
+# What a checkpoint's config holds besides its settings: the data's geometry, the number of
+# classes a pretraining classifier covers, and which command wrote it.
+CONFIG_EXTRAS = ("in_channels", "image_size", "classes", "stage")
+STAGES: dict[str, type[RunSettings]] = {"train": TrainSettings, "pretrain": PretrainSettings}
+STAGE_WORDS = {
+    "train": "meta-training (fewshot train)",
+    "pretrain": "pretraining (fewshot pretrain)",
+}
 
 
-def checkpoint_settings(ckpt: dict, path: str | Path) -> dict:
-    """The TrainSettings saved in a checkpoint, checked; settings added since it was written
-    take their defaults (which reproduce how such runs behaved), renamed ones their new name,
-    and those its method never read their neutral value (older runs accepted any)."""
+def checkpoint_stage(ckpt: dict, path: str | Path) -> str:
+    """Which command wrote a checkpoint: 'train' (checkpoints before pretraining existed say
+    nothing) or 'pretrain'."""
     config = ckpt.get("config")
     if not isinstance(config, dict):
         raise FewshotError(f"{path} is not a fewshot training checkpoint (it has no config)")
+    stage = config.get("stage", "train")
+    if stage not in STAGES:
+        raise FewshotError(f"{path} was written by an unknown stage {stage!r}")
+    return stage
+
+
+def checkpoint_settings(
+    ckpt: dict, path: str | Path, expect: str | None = None, flag: str = ""
+) -> dict:
+    """The settings saved in a checkpoint, checked; settings added since it was written take
+    their defaults (which reproduce how such runs behaved), renamed ones their new name, and
+    those its method never read their neutral value (older runs accepted any). `expect`
+    ('train' or 'pretrain') refuses a checkpoint of the other stage, naming `flag`."""
+    stage = checkpoint_stage(ckpt, path)
+    if expect and stage != expect:
+        raise FewshotError(
+            f"{flag + ' ' if flag else ''}{path} is a {STAGE_WORDS[stage]} checkpoint; "
+            f"a {STAGE_WORDS[expect]} one is needed"
+        )
+    config = ckpt["config"]
     unused = UNUSED_SETTINGS.get(config.get("method", TrainSettings.method), ())
     values = {
         RENAMED.get(k, k): v
         for k, v in config.items()
-        if k not in ("in_channels", "image_size") and k not in unused
+        if k not in CONFIG_EXTRAS and (stage != "train" or k not in unused)
     }
-    return build(TrainSettings, [(f"checkpoint {path}", values)]).to_dict()
+    return build(STAGES[stage], [(f"checkpoint {path}", values)]).to_dict()

@@ -18,15 +18,14 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from fewshot.datasets import load_split
+from fewshot.datasets import GEOMETRY, load_split
 from fewshot.datasets.augment import TrainAugment
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import images_to_device
 from fewshot.datasets.sampler import EpisodeSampler, EpisodeShape
 from fewshot.evaluation.episodes import evaluate
 from fewshot.evaluation.metrics import metrics_row
-from fewshot.methods import Method, build_method
-from fewshot.methods.resplit import draw_resplits
+from fewshot.methods import Method
 from fewshot.runtime.distributed import Distributed, any_rank, broadcast_from_main, gather_objects
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import atomic_torch_save, atomic_write_json, atomic_write_text
@@ -34,12 +33,18 @@ from fewshot.runtime.memory import check_memory, fits, format_bytes
 from fewshot.runtime.precision import precision_name
 from fewshot.runtime.run_folder import RunFolder
 from fewshot.runtime.signals import Interrupted, StopRequests
-from fewshot.training.checkpoint import non_finite, restore_training, training_checkpoint
-from fewshot.training.settings import TrainSettings
+from fewshot.training.checkpoint import (
+    non_finite,
+    pretrained_backbone,
+    restore_training,
+    training_checkpoint,
+)
+from fewshot.training.settings import RunSettings, TrainSettings
+from fewshot.training.stages import batches_for
 from fewshot.training.state import Progress, RandomStreams
 
 
-def make_optimizer(settings: TrainSettings, method: Method) -> torch.optim.Optimizer:
+def make_optimizer(settings: RunSettings, method: Method) -> torch.optim.Optimizer:
     """SGD with Nesterov momentum (the paper's setting) or Adam."""
     if settings.optimizer == "adam":
         decay = settings.weight_decay
@@ -53,28 +58,39 @@ def make_optimizer(settings: TrainSettings, method: Method) -> torch.optim.Optim
     )
 
 
+def init_backbone(settings: RunSettings) -> dict[str, torch.Tensor] | None:
+    """The pretrained backbone weights a run starts from (--init), checked; None without."""
+    if not (isinstance(settings, TrainSettings) and settings.init):
+        return None
+    return pretrained_backbone(settings.init, settings, GEOMETRY[settings.dataset])
+
+
 class Diverged(FewshotError):
     """A step met a non-finite loss or gradient; it was not applied."""
 
 
 class Trainer:
-    """Holds the method, optimizer, sampler, progress and random streams of one run; `fit`
-    trains and checkpoints."""
+    """Holds the method, optimizer, batch source, progress and random streams of one run
+    (episodic training or pretraining, by the settings' class); `fit` trains and checkpoints."""
 
     def __init__(
         self,
-        settings: TrainSettings,
+        settings: RunSettings,
         device: torch.device,
         dist: Distributed | None = None,
         data: tuple[ImageSplit, ImageSplit] | None = None,
         resume: tuple[str, dict] | None = None,
+        init: dict[str, torch.Tensor] | None = None,
     ):
         """Set up a run on `device` (resolved by the caller, like `dist`); `data` = (train,
         val) replaces reading the dataset from disk; `resume` = (path, contents) of the
-        checkpoint to continue."""
+        checkpoint to continue; `init`: the backbone weights of --init when the caller has
+        read them already."""
         self.settings = settings
         dist = dist or Distributed()
         self.device, self.dist = device, dist
+        if init is None and not resume:
+            init = init_backbone(settings)  # checked before any data is read
         self.train_data, self.val_data = data or (
             load_split(settings.dataset, settings.train_split, settings.data_root),
             load_split(settings.dataset, settings.val_split, settings.data_root),
@@ -84,13 +100,17 @@ class Trainer:
         EpisodeSampler(
             self.val_data.labels, self.val_shape, settings.val_seed, self.val_data.source
         )
+        self.batches = batches_for(settings, self.train_data, settings.seed)
         torch.manual_seed(settings.seed)
         self.config = {
             **settings.to_dict(),
             "in_channels": self.train_data.channels,
             "image_size": self.train_data.image_size,
+            **self.batches.config(self.train_data),
         }
-        self.method = build_method(self.config).to(device)
+        self.method = self.batches.build(self.config).to(device)
+        if init is not None:
+            self.method.backbone.load_state_dict(init)
         if settings.channels_last:
             self.method.to(memory_format=torch.channels_last)
         self._check_memory()
@@ -103,12 +123,6 @@ class Trainer:
         if dist.world > 1:
             ids = [device.index] if device.type == "cuda" else None
             self.forward = DistributedDataParallel(self.method, device_ids=ids)
-        shape = EpisodeShape(
-            settings.way, settings.shot, settings.query, settings.episodes_per_batch
-        )
-        self.sampler = EpisodeSampler(
-            self.train_data.labels, shape, settings.seed, self.train_data.source
-        )
         self.streams = RandomStreams(settings.seed, dist.rank)
         self.augment = self._make_augment()
         self.progress = Progress()
@@ -124,7 +138,7 @@ class Trainer:
                 self.method,
                 self.optimizer,
                 self.scaler,
-                self.sampler,
+                self.batches.sampler,
                 self.streams,
                 self.steps_per_epoch,
                 dist.rank,
@@ -134,11 +148,8 @@ class Trainer:
         """Refuse, before the first step, a training step or a validation batch that cannot
         fit in what the device has available (lower bounds from the shapes, per method), and
         validate without the embedding cache where the cache would not fit (same accuracies)."""
-        s, val = self.settings, self.val_shape
-        episodes = s.episodes_per_batch // self.dist.world
-        terms = self.method.memory_terms(
-            episodes, s.way, s.shot + s.query, s.shot, s.resplits, True
-        )
+        val = self.val_shape
+        terms = self.batches.memory_terms(self.method, self.dist.world)
         if terms:
             check_memory(terms, self.device, "one training step")
         terms = self.method.memory_terms(
@@ -156,8 +167,9 @@ class Trainer:
 
     @property
     def steps_per_epoch(self) -> int:
-        """Optimizer steps per epoch (episodes per epoch / episodes per batch)."""
-        return self.settings.episodes_per_epoch // self.settings.episodes_per_batch
+        """Optimizer steps per epoch (episodes per epoch / episodes per batch, or full
+        batches of images per pass over them)."""
+        return self.batches.steps_per_epoch
 
     def _make_augment(self):
         """The training-time image transform (None: normalisation only)."""
@@ -168,26 +180,20 @@ class Trainer:
         return lambda images: augment(images, self.streams.augment)
 
     def train_step(self) -> tuple[float, float]:
-        """One optimizer step on a batch of episodes; returns (loss, accuracy).
+        """One optimizer step on a batch (of episodes, or of images); returns (loss, accuracy).
 
         Raises Diverged, leaving weights and optimizer state untouched, when the loss or a
         gradient is not finite (with fp16 the AMP scaler already skips inf/nan gradients).
         """
-        s = self.settings
-        index = self.sampler.sample()  # [B, way, pool]
-        b, way, _ = index.shape
-        resplits = None
-        if s.resplits > 1:
-            resplits = draw_resplits(b, way, s.shot, s.query, s.resplits, self.streams.resplit)
-        if self.dist.world > 1:
-            rank, world = self.dist.rank, self.dist.world
-            share = slice(rank * b // world, (rank + 1) * b // world)
-            index = index[share]
-            resplits = None if resplits is None else resplits[:, share]
+        index, arguments = self.batches.draw(self.streams.resplit, self.dist, self.device)
         images = images_to_device(
-            self.train_data, index.flatten(), self.device, self.augment, s.channels_last
+            self.train_data,
+            index.flatten(),
+            self.device,
+            self.augment,
+            self.settings.channels_last,
         )
-        loss, acc = self.forward(images.view(*index.shape, *images.shape[1:]), resplits, s.shot)
+        loss, acc = self.forward(images.view(*index.shape, *images.shape[1:]), *arguments)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         finite = torch.isfinite(loss)
@@ -321,7 +327,7 @@ class Trainer:
         raise Interrupted(
             signum,
             f"stopped at epoch {self.progress.epoch + 1} step {self.progress.step}{where}; "
-            f"saved {last}; continue with: fewshot train --resume {last}",
+            f"saved {last}; continue with: fewshot {self.settings.stage} --resume {last}",
         )
 
     def _write_metrics(self) -> None:
@@ -339,7 +345,7 @@ class Trainer:
             self.method,
             self.optimizer,
             self.scaler,
-            self.sampler,
+            self.batches.sampler,
             self.progress,
             self.rank_rngs,
         )

@@ -1,0 +1,97 @@
+"""What a training run draws and optimises each step: batches of episodes (`fewshot train`) or
+batches of labelled images (`fewshot pretrain`). Everything else about a run (folder, resume,
+signals, checkpoints, precision, torchrun, metrics) is the trainer's, shared by both."""
+
+from __future__ import annotations
+
+import torch
+
+from fewshot.datasets.base import ImageSplit
+from fewshot.datasets.sampler import EpisodeSampler, EpisodeShape, ImageBatchSampler
+from fewshot.methods import Method, build_method
+from fewshot.methods.pretraining import build_pretrain_method
+from fewshot.methods.resplit import draw_resplits
+from fewshot.runtime.distributed import Distributed
+from fewshot.runtime.memory import MemoryTerm
+from fewshot.training.settings import PretrainSettings, RunSettings, TrainSettings
+
+
+def rank_share(size: int, dist: Distributed) -> slice:
+    """This rank's share of a batch of `size` (every rank draws the whole batch)."""
+    return slice(dist.rank * size // dist.world, (dist.rank + 1) * size // dist.world)
+
+
+class EpisodeBatches:
+    """`fewshot train`: batches of episodes, each re-split U times for EHG."""
+
+    def __init__(self, settings: TrainSettings, data: ImageSplit, seed: int):
+        self.settings = settings
+        shape = EpisodeShape(
+            settings.way, settings.shot, settings.query, settings.episodes_per_batch
+        )
+        self.sampler = EpisodeSampler(data.labels, shape, seed, data.source)
+        self.steps_per_epoch = settings.episodes_per_epoch // settings.episodes_per_batch
+
+    def config(self, data: ImageSplit) -> dict:
+        """What the checkpoint's config records besides the settings."""
+        return {"stage": "train"}
+
+    def build(self, config: dict) -> Method:
+        """The method the run trains."""
+        return build_method(config)
+
+    def memory_terms(self, method: Method, world: int) -> list[MemoryTerm]:
+        """Lower bounds of one training step of this process."""
+        s = self.settings
+        episodes = s.episodes_per_batch // world
+        return method.memory_terms(episodes, s.way, s.shot + s.query, s.shot, s.resplits, True)
+
+    def draw(
+        self, resplit: torch.Generator, dist: Distributed, device: torch.device
+    ) -> tuple[torch.Tensor, tuple]:
+        """This rank's image indices [b, way, pool] and the method's other arguments."""
+        s = self.settings
+        index = self.sampler.sample()
+        b, way, _ = index.shape
+        resplits = None
+        if s.resplits > 1:
+            resplits = draw_resplits(b, way, s.shot, s.query, s.resplits, resplit)
+        share = rank_share(b, dist)
+        if resplits is not None:
+            resplits = resplits[:, share]
+        return index[share], (resplits, s.shot)
+
+
+class ImageBatches:
+    """`fewshot pretrain`: batches of images of every train class with their labels."""
+
+    def __init__(self, settings: PretrainSettings, data: ImageSplit, seed: int):
+        self.settings, self.labels = settings, data.labels
+        self.sampler = ImageBatchSampler(len(data.labels), settings.batch_size, seed, data.source)
+        self.steps_per_epoch = self.sampler.batches_per_pass
+
+    def config(self, data: ImageSplit) -> dict:
+        """The classifier's classes and the stage, recorded in the checkpoint's config."""
+        return {"classes": data.num_classes, "stage": "pretrain"}
+
+    def build(self, config: dict) -> Method:
+        """The backbone with its classifier over every train class."""
+        return build_pretrain_method(config)
+
+    def memory_terms(self, method: Method, world: int) -> list[MemoryTerm]:
+        """Lower bounds of one training step of this process."""
+        return method.batch_memory_terms(self.settings.batch_size // world)
+
+    def draw(
+        self, resplit: torch.Generator, dist: Distributed, device: torch.device
+    ) -> tuple[torch.Tensor, tuple]:
+        """This rank's image indices [n] and their labels on the device."""
+        index = self.sampler.sample()[rank_share(self.settings.batch_size, dist)]
+        return index, (self.labels[index].to(device),)
+
+
+def batches_for(settings: RunSettings, data: ImageSplit, seed: int):
+    """The batch source of a run's settings."""
+    if isinstance(settings, PretrainSettings):
+        return ImageBatches(settings, data, seed)
+    return EpisodeBatches(settings, data, seed)
