@@ -61,7 +61,7 @@ def timed(fn, repeats: int, device: torch.device) -> float:
 def naive_step(trainer: Trainer, splits: int) -> None:
     """One step of the naive EHG: every split re-embedded, gradients averaged, optimizer step."""
     cfg = trainer.settings
-    index = trainer.sampler.sample()
+    index = trainer.batches.sampler.sample()
     images = trainer.train_data.images[index.flatten()].to(trainer.device)
     images = images.float().div(255).view(*index.shape, *images.shape[1:])
     perm = draw_resplits(*index.shape[:2], cfg.shot, cfg.query, splits, trainer.streams.resplit)

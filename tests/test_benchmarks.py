@@ -7,7 +7,14 @@ import sys
 
 import pytest
 
-from benchmarks import bench_ehg, bench_logistic, bench_precision, bench_svm, bench_throughput
+from benchmarks import (
+    bench_ehg,
+    bench_logistic,
+    bench_precision,
+    bench_pretrain,
+    bench_svm,
+    bench_throughput,
+)
 
 SECONDS = r"\d+\.\d+"
 
@@ -89,3 +96,11 @@ def test_bench_logistic_smoke(monkeypatch, capsys):
         assert float(figures[1]) > 0 and 90 < float(figures[2]) <= 100
     assert re.search(r"tol 1e-10: \+0\.000 ± 0\.000 points .* 0/16 episodes differ", out), out
     assert re.search(r"^goal: .*: (met|NOT met) \(\d+\.\dx, equal accuracy\)$", out, re.M), out
+
+
+def test_bench_pretrain_smoke(monkeypatch, capsys):
+    out = run(monkeypatch, capsys, bench_pretrain, "--smoke", "--device", "cpu")
+    ours = re.search(rf"fewshot pretrain step +({SECONDS}) ms", out)
+    bare = re.search(rf"bare PyTorch loop +({SECONDS}) ms", out)
+    assert ours and bare and float(ours[1]) > 0 and float(bare[1]) > 0
+    assert re.search(r"ratio \d+\.\d+x: goal <= 1.1x (met|MISSED)", out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -13,7 +14,7 @@ from trainers import make_trainer
 from fewshot.datasets.batches import images_to_device
 from fewshot.methods.resplit import episode_loss
 from fewshot.runtime.io import load_checkpoint
-from fewshot.training.settings import TrainSettings
+from fewshot.training.settings import PretrainSettings, TrainSettings
 
 ARGS = dict(
     way=5,
@@ -55,7 +56,7 @@ def reference_weights(out) -> dict:
     model, cfg = trainer.method, trainer.settings
     model.train()
     for _ in range(trainer.steps_per_epoch):
-        index = trainer.sampler.sample()
+        index = trainer.batches.sampler.sample()
         trainer.optimizer.zero_grad()
         for half in index.chunk(2):
             images = images_to_device(trainer.train_data, half.flatten(), trainer.device)
@@ -103,3 +104,28 @@ def test_torchrun_two_processes_match_one(tmp_path, tiny_omniglot_root, monkeypa
     resumed = load_checkpoint(out / "last.pt")
     assert resumed["progress"]["epoch"] == 2
     assert [torch.equal(r["augment"], fresh(1)) for r in resumed["rank_rngs"]] == [False, True]
+
+
+def test_torchrun_pretraining_matches_one_process(tmp_path, tiny_omniglot_root, monkeypatch):
+    monkeypatch.setenv("FEWSHOT_DATA", str(tiny_omniglot_root))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "FEWSHOT_DATA": str(tiny_omniglot_root)}
+    values = dict(batch_size=32, epochs=1, val_episodes=8, lr=0.05, amp="off", device="cpu")
+    values["channels_last"] = False
+    config = tmp_path / "pretrain.json"
+    config.write_text(json.dumps(values))
+    out = tmp_path / "ddp"
+    torchrun(["-m", "fewshot", "pretrain", f"--config={config}", f"--out={out}"], env)
+    ddp = load_checkpoint(out / "last.pt")["model"]
+    # One process: every step averages the losses of the batch's two halves (one per rank).
+    trainer = make_trainer(PretrainSettings(**values, out=str(tmp_path / "ref")))
+    model, labels = trainer.method, trainer.train_data.labels
+    model.train()
+    for _ in range(trainer.steps_per_epoch):
+        index = trainer.batches.sampler.sample()
+        trainer.optimizer.zero_grad()
+        for half in index.chunk(2):
+            images = images_to_device(trainer.train_data, half, trainer.device)
+            (model(images, labels[half])[0] / 2).backward()
+        trainer.optimizer.step()
+    for key, value in model.named_parameters():
+        assert torch.allclose(ddp[key], value.detach(), rtol=1e-3, atol=2e-4), key
