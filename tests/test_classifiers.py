@@ -12,7 +12,18 @@ from sklearn.linear_model import LogisticRegression
 
 from fewshot.datasets import REPO_DATA
 from fewshot.datasets.batches import images_to_device
-from fewshot.heads import CLASSIFIERS, HEADS, centroid, cosine, finetune, logistic
+from fewshot.heads import (
+    CLASSIFIERS,
+    HEADS,
+    TRANSDUCTIVE,
+    bd_cspn,
+    centroid,
+    cosine,
+    finetune,
+    logistic,
+    pt_map,
+    tim,
+)
 from fewshot.runtime.errors import FewshotError
 from fewshot.training.checkpoint import load_trained
 
@@ -252,7 +263,9 @@ def test_bad_options_are_named(head, options, message):
 def test_registry():
     assert set(HEADS) == {"protonet", "ridge", "svm", "cosine"}
     expected = {**HEADS, "centroid": centroid, "logistic": logistic, "finetune": finetune}
+    expected |= {"bd-cspn": bd_cspn, "tim": tim, "pt-map": pt_map}
     assert expected == CLASSIFIERS
+    assert {"bd-cspn", "tim", "pt-map"} == TRANSDUCTIVE
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")

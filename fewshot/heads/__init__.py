@@ -10,6 +10,7 @@ from fewshot.heads.classifiers import centroid, cosine, finetune, logistic
 from fewshot.heads.protonet import protonet
 from fewshot.heads.ridge import ridge
 from fewshot.heads.svm import svm
+from fewshot.heads.transductive import bd_cspn, pt_map, tim
 from fewshot.runtime.errors import FewshotError
 
 Head = Callable[..., torch.Tensor]
@@ -22,10 +23,13 @@ CLASSIFIERS: dict[str, Head] = {
     "centroid": centroid,
     "logistic": logistic,
     "finetune": finetune,
+    "bd-cspn": bd_cspn,
+    "tim": tim,
+    "pt-map": pt_map,
 }
 # The classifiers that also use each episode's unlabelled queries (a separate protocol: results
 # say so).
-TRANSDUCTIVE: frozenset[str] = frozenset()
+TRANSDUCTIVE: frozenset[str] = frozenset({"bd-cspn", "tim", "pt-map"})
 
 
 def check_head(name: str, way: int, shot: int, options: dict) -> None:
@@ -48,6 +52,7 @@ __all__ = [
     "HEADS",
     "TRANSDUCTIVE",
     "Head",
+    "bd_cspn",
     "centroid",
     "check_head",
     "cosine",
@@ -55,6 +60,8 @@ __all__ = [
     "get_head",
     "logistic",
     "protonet",
+    "pt_map",
     "ridge",
     "svm",
+    "tim",
 ]

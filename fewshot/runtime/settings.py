@@ -147,7 +147,8 @@ def check_fields(obj: Any) -> None:
         object.__setattr__(obj, f.name, value)  # also works on frozen dataclasses
 
 
-# Parameters the caller fills itself, never options: a head's inputs, a backbone's geometry.
+# Parameters the caller fills itself, never options: a head's inputs (and centroid's CL2N base
+# mean, computed by the evaluation), a backbone's geometry.
 RESERVED_OPTIONS = {
     "query",
     "support",
@@ -157,6 +158,7 @@ RESERVED_OPTIONS = {
     "in_channels",
     "image_size",
     "settings",
+    "center",
 }
 
 

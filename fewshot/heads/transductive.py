@@ -1,0 +1,257 @@
+"""Transductive test-time classifiers on frozen features: each also uses the episode's unlabelled
+queries, all nq of them at once (a separate protocol from the inductive classifiers).
+
+- `bd_cspn`: BD-CSPN (Liu et al., ECCV 2020): prototypes rectified with pseudo-labelled queries.
+- `tim`: TIM-GD (Boudiaf et al., NeurIPS 2020): mutual information maximised on the queries.
+- `pt_map`: PT-MAP (Hu et al., ICANN 2021): power transform, then MAP class centres by Sinkhorn.
+
+Batched over the B episodes like the heads, no loop over episodes; the queries' order does not
+matter (permuting them permutes the logits' rows). Not differentiable: the logits are detached.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fewshot.heads.classifiers import cosine
+from fewshot.heads.episode_inputs import check_query, support_one_hot
+from fewshot.runtime.errors import FewshotError
+
+SINKHORN_MAX_ITERS = 1000  # PT-MAP's code: compute_optimal_transport's maxiters
+
+
+def bd_cspn(
+    query: torch.Tensor,
+    support: torch.Tensor,
+    support_labels: torch.Tensor,
+    way: int,
+    shot: int,
+    epsilon: float = 10.0,
+    shift: bool = True,
+) -> torch.Tensor:
+    """Return BD-CSPN's cosines [B, nq, way] of the queries to the rectified prototypes.
+
+    In [-1, 1] (the caller scales); one pass: no iteration, no tolerance; not differentiable.
+    Liu et al., "Prototype Rectification for Few-Shot Learning" (ECCV 2020):
+
+    1. Cross-class bias (if `shift`): every query moves by xi = mean(support) - mean(query), the
+       difference of the episode's two means, into the support's domain.
+    2. Intra-class bias: the basic prototypes P_n are the support's class means (of the raw
+       features); each (shifted) query is pseudo-labelled with its most cosine-similar P_n. The
+       rectified prototype of class n is sum_i w_i x_i over its support samples and the queries
+       pseudo-labelled n, w_i = exp(epsilon cos(x_i, P_n)) / sum_j exp(epsilon cos(x_j, P_n)):
+       a softmax over the class's members, the paper's weighted sum and easyfsl's
+       BDCSPN.rectify_prototypes (hard pseudo-labels, weights normalised per class). As in
+       easyfsl every query is pseudo-labelled (the paper's sum runs over the support and Z
+       pseudo-labelled queries); epsilon is the paper's 10, where easyfsl takes exp(cos): 1.
+    3. The logits are cosine similarities, as easyfsl's (the paper's CSPN classifies by cosine):
+       of the shifted queries, the features the prototypes were rectified with (easyfsl
+       classifies the unshifted ones; with shift=False the two agree).
+    """
+    if not epsilon > 0:
+        raise FewshotError(f"bd-cspn epsilon must be positive, got {epsilon}")
+    one_hot = _episode("bd-cspn", query, support, support_labels, way, shot)
+    with torch.no_grad():
+        support, query = support.detach(), query.detach()
+        if shift:
+            query = query + (support.mean(1, keepdim=True) - query.mean(1, keepdim=True))
+        # Cosines to the basic prototypes: Meta-Baseline's `cosine` is CSPN's classifier.
+        similarity = torch.cat(
+            [
+                cosine(support, support, support_labels, way, shot),
+                cosine(query, support, support_labels, way, shot),
+            ],
+            dim=1,
+        )
+        pseudo = F.one_hot(similarity[:, support.shape[1] :].argmax(2), way).to(one_hot)
+        members = torch.cat([one_hot, pseudo], dim=1) > 0  # [B, ns + nq, way]
+        # Every class has its `shot` support samples: no column is all -inf.
+        scores = (epsilon * similarity).masked_fill(~members, float("-inf"))
+        weights = torch.softmax(scores, dim=1)
+        prototypes = weights.transpose(1, 2) @ torch.cat([support, query], dim=1)
+        return F.normalize(query, dim=2) @ F.normalize(prototypes, dim=2).transpose(1, 2)
+
+
+def tim(
+    query: torch.Tensor,
+    support: torch.Tensor,
+    support_labels: torch.Tensor,
+    way: int,
+    shot: int,
+    steps: int = 1000,
+    lr: float = 1e-4,
+    temperature: float = 15.0,
+    alpha: float = 0.1,
+    lambda_: float = 0.1,
+) -> torch.Tensor:
+    """Return TIM-GD's query logits [B, nq, way] after `steps` Adam steps (no tolerance).
+
+    Not differentiable. Boudiaf et al., "Transductive Information Maximization for Few-Shot
+    Learning" (NeurIPS 2020), as its official code (github.com/mboudiaf/TIM, src/tim.py TIM_GD,
+    L2N features):
+
+    - Features L2-normalised; the weights W [B, way, d] start at the class means of the
+      normalised support.
+    - Logits -temperature/2 |z - w_k|^2 = temperature (z.w_k - |w_k|^2/2 - |z|^2/2): the paper's
+      softmax model and the code's 'l2' classifier (easyfsl's TIM takes -|z - w_k|, unsquared,
+      unscaled and on raw features, instead).
+    - Loss of each episode: lambda_ CE(support) - H(Y_q) + alpha H(Y_q|X_q), with H(Y_q) the
+      entropy of the mean query prediction and H(Y_q|X_q) the mean entropy of the query
+      predictions: alpha weights the conditional entropy as in the paper's mutual information.
+      Defaults of the official code: loss_weights [0.1, 1.0, 0.1] for [CE, H(Y_q), H(Y_q|X_q)],
+      temperature 15, Adam with lr 1e-4; 1000 iterations as its TIM-GD evaluation scripts set.
+    - All episodes' W in one tensor, their losses summed: Adam acts elementwise, so each
+      episode follows its own Adam trajectory. Trains under torch.enable_grad() even when
+      called in no_grad, on features detached from their graph.
+    """
+    if steps < 0:
+        raise FewshotError(f"tim steps must be non-negative, got {steps}")
+    if not lr > 0 or not temperature > 0 or not alpha >= 0 or not lambda_ >= 0:
+        raise FewshotError(
+            f"tim needs lr > 0, temperature > 0, alpha >= 0 and lambda_ >= 0, got lr={lr}, "
+            f"temperature={temperature}, alpha={alpha}, lambda_={lambda_}"
+        )
+    one_hot = _episode("tim", query, support, support_labels, way, shot)
+    with torch.no_grad():
+        support = F.normalize(support.detach(), dim=2)
+        query = F.normalize(query.detach(), dim=2)
+        weights = (one_hot.transpose(1, 2) @ support / shot).requires_grad_()
+    tiny = torch.finfo(query.dtype).tiny
+    optimizer = torch.optim.Adam([weights], lr=lr)
+    with torch.enable_grad():
+        for _ in range(steps):
+            support_log_probs = torch.log_softmax(
+                temperature / 2 * _neg_sq_distances(support, weights), dim=2
+            )
+            query_log_probs = torch.log_softmax(
+                temperature / 2 * _neg_sq_distances(query, weights), dim=2
+            )
+            query_probs = query_log_probs.exp()
+            cross_entropy = -(one_hot * support_log_probs).sum(2).mean(1)
+            conditional = -(query_probs * query_log_probs).sum(2).mean(1)
+            marginal = query_probs.mean(1)
+            # The clamp only matters where a class's mean probability underflows (0 log 0 = 0).
+            marginal_entropy = -(marginal * marginal.clamp(min=tiny).log()).sum(1)
+            losses = lambda_ * cross_entropy - marginal_entropy + alpha * conditional
+            optimizer.zero_grad(set_to_none=True)
+            losses.sum().backward()
+            optimizer.step()
+    with torch.no_grad():
+        return temperature / 2 * _neg_sq_distances(query, weights)
+
+
+def pt_map(
+    query: torch.Tensor,
+    support: torch.Tensor,
+    support_labels: torch.Tensor,
+    way: int,
+    shot: int,
+    beta: float = 0.5,
+    lam: float = 10.0,
+    alpha: float = 0.2,
+    steps: int = 30,
+    epsilon: float = 1e-6,
+    center: bool = True,
+    tol: float = 1e-6,
+) -> torch.Tensor:
+    """Return the log of PT-MAP's query class assignments [B, nq, way] (Sinkhorn, MAP steps).
+
+    `steps` MAP steps, each solving a Sinkhorn transport to `tol` (at most SINKHORN_MAX_ITERS
+    iterations); not differentiable. Hu et al., "Leveraging the Feature Distribution in
+    Transfer-based Few-Shot Learning" (ICANN 2021), as its official code (github.com/yhu01/PT-MAP,
+    test_standard.py), in float64:
+
+    - Power transform (x + epsilon)^beta of features made non-negative first: negative values
+      are clamped at 0, as after the ReLU the method assumes (easyfsl's PTMAP does the same).
+      Then L2 normalisation; then, if `center` (the official code's "trans-mean-sub"), the
+      support and the queries are each centred on their own mean and L2-normalised again: a
+      shift of the query domain is removed. Its QR reduction is an isometry, left out.
+    - Class centres start at the support's class means. Each step: the distances d of the
+      queries to the centres give the Sinkhorn plan of exp(-lam d^2) with every query's row
+      summing to 1 and every class's column to nq / way (the balanced queries): rows then
+      columns rescaled until the row sums change by at most `tol` in an iteration, per episode
+      (the official code's test, but there the whole batch stops together). The centres then
+      move by `alpha` toward the means of all the samples weighted by their assignments:
+      one-hot for the support (its labels fixed), the plan's rows for the queries.
+    - The logits: the log of the final plan's rows (from the centres after the last step).
+
+    Defaults of the official code (beta 0.5, lam 10, alpha 0.2, the power transform's 1e-6, the
+    Sinkhorn tolerance 1e-6 and its 1000 iterations at most), but 30 MAP steps where it takes 20.
+    """
+    if not beta > 0 or not lam > 0 or not 0 < alpha <= 1 or not epsilon >= 0 or not tol >= 0:
+        raise FewshotError(
+            f"pt-map needs beta > 0, lam > 0, 0 < alpha <= 1, epsilon >= 0 and tol >= 0, got "
+            f"beta={beta}, lam={lam}, alpha={alpha}, epsilon={epsilon}, tol={tol}"
+        )
+    if steps < 0:
+        raise FewshotError(f"pt-map steps must be non-negative, got {steps}")
+    one_hot = _episode("pt-map", query, support, support_labels, way, shot).double()
+    samples = support.shape[1]
+    with torch.no_grad():
+        features = torch.cat([support, query], dim=1).detach().double()
+        features = F.normalize((features.clamp(min=0) + epsilon).pow(beta), dim=2)
+        if center:
+            parts = (features[:, :samples], features[:, samples:])
+            features = torch.cat(
+                [F.normalize(part - part.mean(1, keepdim=True), dim=2) for part in parts], dim=1
+            )
+        support, query_features = features[:, :samples], features[:, samples:]
+        centres = one_hot.transpose(1, 2) @ support / shot
+        column_mass = query.shape[1] / way
+        for _ in range(steps):
+            plan = _sinkhorn(-_neg_sq_distances(query_features, centres), lam, column_mass, tol)
+            assignments = torch.cat([one_hot, plan], dim=1)
+            estimate = assignments.transpose(1, 2) @ features
+            estimate = estimate / assignments.sum(1).unsqueeze(2)
+            centres = centres + alpha * (estimate - centres)
+        plan = _sinkhorn(-_neg_sq_distances(query_features, centres), lam, column_mass, tol)
+        return plan.clamp(min=torch.finfo(plan.dtype).tiny).log().to(query.dtype)
+
+
+def _episode(
+    name: str,
+    query: torch.Tensor,
+    support: torch.Tensor,
+    support_labels: torch.Tensor,
+    way: int,
+    shot: int,
+) -> torch.Tensor:
+    """Check an episode batch as the heads do, and that it has queries; return labels one-hot."""
+    one_hot = support_one_hot(support, support_labels, way, shot)
+    check_query(query, support)
+    if query.shape[1] < 1:
+        raise FewshotError(f"{name} is transductive: it needs at least one query per episode")
+    return one_hot
+
+
+def _neg_sq_distances(x: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
+    """-|x_i - c_k|^2 [B, n, k] of x [B, n, d] and centres [B, k, d]."""
+    norms = x.pow(2).sum(2, keepdim=True) + centres.pow(2).sum(2).unsqueeze(1)
+    # |x|^2 - 2 x.c + |c|^2 without the [B, n, k, d] differences, as protonet.
+    return -torch.baddbmm(norms, x, centres.transpose(1, 2), alpha=-2.0)
+
+
+def _sinkhorn(cost: torch.Tensor, lam: float, column_mass: float, tol: float) -> torch.Tensor:
+    """The entropic transport plan [B, n, k] of cost [B, n, k], rows scaled to sum to 1 then
+    columns to column_mass, until the row sums change by at most tol in an iteration (PT-MAP's
+    code's test), per episode: a converged episode stays as it is while the others go on."""
+    # A row's constant factor cancels at the first row scaling (so does the code's division by
+    # the total): subtracting each row's smallest cost keeps exp() from underflowing whatever
+    # lam, and changes no iterate.
+    plan = torch.exp(-lam * (cost - cost.amin(2, keepdim=True)))
+    active = torch.ones(cost.shape[0], dtype=torch.bool, device=cost.device)
+    for iteration in range(SINKHORN_MAX_ITERS):
+        rows = plan.sum(2)
+        scaled = plan / rows.unsqueeze(2)
+        scaled = scaled * (column_mass / scaled.sum(1, keepdim=True))
+        plan = torch.where(active[:, None, None], scaled, plan)
+        # The first row sums have exp()'s arbitrary scale: no test (the code's never passes).
+        if iteration > 0:
+            active = active & ((rows - plan.sum(2)).abs().amax(1) > tol)
+            if not bool(active.any()):  # one host sync per iteration
+                break
+    return plan
+
+
+__all__ = ["SINKHORN_MAX_ITERS", "bd_cspn", "pt_map", "tim"]
