@@ -102,6 +102,9 @@ class ResNet12(nn.Module):
         )
         self.register_buffer("drop_steps", torch.zeros((), dtype=torch.long))
         self.out_dim = self.feature_dim(image_size)
+        side = image_size // SMALLEST
+        # The (channels, side, side) map the flat features come from (None after avg_pool).
+        self.feature_map = None if avg_pool else (self.channels[-1], side, side)
         for m in self.modules():
             if isinstance(m, nn.Conv2d):
                 nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="leaky_relu")

@@ -16,6 +16,7 @@ from fewshot.methods.adaptation import (
     unused_settings,
 )
 from fewshot.methods.base import Method
+from fewshot.methods.comparison import build_matching_method, build_relation_method
 from fewshot.methods.embedding import EmbeddingMethod, build_embedding_method
 
 MethodBuilder = Callable[..., Method]
@@ -54,6 +55,10 @@ def build_method(settings: dict) -> Method:
 
 
 register_method("embedding", build_embedding_method)
+# The comparison module replaces the head: its options are the method's.
+_NO_HEAD = frozenset({"head", "head_options", "eval_head_options"})
+register_method("matching", build_matching_method, unused=_NO_HEAD)
+register_method("relation", build_relation_method, unused=_NO_HEAD | {"label_smoothing"})
 for _variant in VARIANTS:
     register_method(
         _variant, adaptation_builder(_variant), MAML_TRAINING, unused_settings(_variant)

@@ -30,6 +30,7 @@ class EmbeddingMethod(Method):
     """Embeds images with `backbone` and classifies episodes with a head function."""
 
     caches = True
+    loss = "cross_entropy"  # of the query logits (see episode_loss)
 
     def __init__(
         self,
@@ -77,7 +78,9 @@ class EmbeddingMethod(Method):
         """Embed the pool once, then the U*B head problems of the re-splits in one head call."""
         b, way, pool = images.shape[:3]
         embeddings = self.embed(images.flatten(0, 2)).view(b, way, pool, -1)
-        return episode_loss(embeddings, self.head, self.scale, shot, resplits, self.label_smoothing)
+        return episode_loss(
+            embeddings, self.head, self.scale, shot, resplits, self.label_smoothing, self.loss
+        )
 
     @torch.no_grad()
     def accuracy(self, images: torch.Tensor, shot: int) -> torch.Tensor:

@@ -119,20 +119,26 @@ def episode_loss(
     shot: int,
     perm: torch.Tensor | None = None,
     label_smoothing: float = 0.0,
+    loss: str = "cross_entropy",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean query loss over the re-splits `perm` (None: the original split only), and the
-    query accuracy of each of the U*B problems.
+    query accuracy of each of the U*B problems. `loss` "mse": the squared error of the
+    logits' sigmoids against one-hot targets (Relation Networks), else cross-entropy.
 
     embeddings: [B, way, pool, d] with the first `shot` of each class as the original support.
     """
     way = embeddings.shape[1]
     query, support, support_labels, query_labels = resplit_episodes(embeddings, perm, shot)
     logits = scale * head(query, support, support_labels, way, shot)
-    loss = F.cross_entropy(
-        logits.flatten(0, 1), query_labels.flatten(), label_smoothing=label_smoothing
-    )
+    if loss == "mse":
+        targets = F.one_hot(query_labels, way).to(logits.dtype)
+        value = F.mse_loss(torch.sigmoid(logits), targets)
+    else:
+        value = F.cross_entropy(
+            logits.flatten(0, 1), query_labels.flatten(), label_smoothing=label_smoothing
+        )
     accuracy = (logits.argmax(-1) == query_labels).float().mean(-1)
-    return loss, accuracy
+    return value, accuracy
 
 
 def reembedding_gradients(
@@ -144,6 +150,7 @@ def reembedding_gradients(
     shot: int,
     perm: torch.Tensor,
     label_smoothing: float = 0.0,
+    loss: str = "cross_entropy",
 ) -> list[torch.Tensor]:
     """Reference (and naive) EHG: each re-split's meta-gradient on its own forward, then averaged.
 
@@ -156,7 +163,7 @@ def reembedding_gradients(
         index = order.view(b, way, pool, 1, 1, 1).expand_as(images)
         reordered = torch.gather(images, 2, index)
         emb = embed(reordered.flatten(0, 2)).view(b, way, pool, -1)
-        loss, _ = episode_loss(emb, head, scale, shot, None, label_smoothing)
-        for acc, grad in zip(total, torch.autograd.grad(loss, parameters), strict=True):
+        value, _ = episode_loss(emb, head, scale, shot, None, label_smoothing, loss)
+        for acc, grad in zip(total, torch.autograd.grad(value, parameters), strict=True):
             acc += grad / u
     return total
