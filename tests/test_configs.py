@@ -63,6 +63,8 @@ def test_config_loads_and_builds(path):
     if config.method == "embedding":
         assert model.backbone.out_dim > 0
         assert model.head_name == config.head
+    elif config.method in ("matching", "relation"):  # a comparison module for a head
+        assert model.head_name == config.method
     else:  # a MAML-family method: a classifier of the training way on its backbone
         assert model.variant == config.method
         assert model.network.classifier.out_features == config.way == config.val_way
@@ -90,7 +92,7 @@ def heavy(path: Path) -> bool:
     """Whether a few steps of a config take minutes on a 2-core CPU: ResNet-12 at 84x84 (1.5-3
     minutes for 3 steps) and the MAML family (meta-batches of 32 inner loops)."""
     settings = make_config(str(path), {})
-    return settings.method != "embedding" or (
+    return settings.method not in ("embedding", "matching", "relation") or (
         settings.backbone == "resnet12" and GEOMETRY[settings.dataset][1] >= 84
     )
 

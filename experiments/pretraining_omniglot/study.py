@@ -5,7 +5,8 @@ Every model is tested with `fewshot eval --per-episode` on the zoo's seeded test
 
 - the zoo's `protonet_conv4_trainval` (meta-trained, its own head): the reference;
 - `pretrain_conv4_trainval` (linear classifier over the 4800 train+val classes) with the
-  test-time classifiers centroid, centroid with CL2N, and logistic regression (RFS);
+  test-time classifiers centroid, centroid with CL2N, logistic regression (RFS), and the
+  transductive BD-CSPN and PT-MAP (they also use each episode's unlabelled queries);
 - `pretrain_cosine_conv4_trainval` (Baseline++) with its fine-tuned cosine classifier;
 - Meta-Baseline (`metabaseline_conv4_5way1shot`, from the linear pretraining) with U = 1 and
   U = 5 (EHG) over 5 training seeds: each arm's mean ± t interval and the paired difference
@@ -20,15 +21,12 @@ and an evaluation whose JSON exists is read back. Writes results.md and results.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
+import re
 from pathlib import Path
 
-import torch
-
-from fewshot.evaluation.stats import paired_ci
-from fewshot.runtime.io import atomic_write_json, atomic_write_text, load_checkpoint
+from experiments.cli_runs import compare_seeds, evaluate, percent, train
+from fewshot.evaluation.stats import paired_ci, seeds_ci
+from fewshot.runtime.io import atomic_write_json, atomic_write_text
 
 HERE = Path(__file__).resolve().parent
 SETTINGS = [(5, 1), (5, 5), (20, 1), (20, 5)]
@@ -45,6 +43,8 @@ BASELINES = {
         ["--classifier", "centroid", "--classifier-options", '{"cl2n": true}'],
     ),
     "pretrain + logistic (RFS)": (f"{LINEAR}/last.pt", ["--classifier", "logistic"]),
+    "pretrain + BD-CSPN (transductive)": (f"{LINEAR}/last.pt", ["--classifier", "bd-cspn"]),
+    "pretrain + PT-MAP (transductive)": (f"{LINEAR}/last.pt", ["--classifier", "pt-map"]),
     "Baseline++ + fine-tuned cosine": (
         f"{COSINE}/last.pt",
         ["--classifier", "finetune", "--classifier-options", '{"classifier": "cosine"}'],
@@ -52,54 +52,20 @@ BASELINES = {
 }
 
 
-def fewshot(*args: str) -> None:
-    """Run a fewshot command, stopping the study if it fails."""
-    command = [sys.executable, "-m", "fewshot", *args]
-    print("$", " ".join(command[2:]), flush=True)
-    subprocess.run(command, check=True)
-
-
-def finished(run: str, epochs: int) -> bool:
-    """Whether the run folder's last.pt holds its final epoch."""
-    last = Path(run) / "last.pt"
-    return last.is_file() and load_checkpoint(last)["progress"]["epoch"] >= epochs
-
-
-def train(command: str, config: str, run: str, epochs: int, *flags: str) -> None:
-    """Start, resume or skip one run."""
-    if finished(run, epochs):
-        return
-    last = Path(run) / "last.pt"
-    if last.is_file():
-        fewshot(command, "--resume", str(last))
-    else:
-        fewshot(command, "--config", config, "--out", run, *flags)
-
-
-def evaluate(checkpoint: str, flags: list[str], way: int, shot: int, out: Path) -> torch.Tensor:
-    """Per-episode accuracies of one model on the study's episodes (cached in `out`)."""
-    if not out.is_file():
-        fewshot(
-            "eval", "--checkpoint", checkpoint, *flags, "--way", str(way), "--shot", str(shot),
-            "--episodes", str(ARGS.episodes), "--seed", "0", "--per-episode", "--out", str(out),
-        )  # fmt: skip
-    return torch.tensor(json.loads(out.read_text())["accuracies"])
-
-
-def percent(mean: float, half: float, signed: bool = False) -> str:
-    """'98.75 ± 0.12' (or '+0.31 ± 0.08')."""
-    return f"{100 * mean:{'+' if signed else ''}.2f} ± {100 * half:.2f}"
+def eval_name(label: str, way: int, shot: int) -> str:
+    """The cached evaluation's file name: the row's label in lower-case words."""
+    return "_".join(re.findall(r"[a-z0-9+]+", label.lower())) + f"_{way}w{shot}s.json"
 
 
 def main() -> None:
     """Train what is missing, evaluate every model, write the table."""
     train("pretrain", "models/omniglot/pretrain_conv4_trainval.json", LINEAR, 40)
-    train("pretrain", "models/omniglot/pretrain_cosine_conv4_trainval.json", COSINE, 40)
     seeds = range(ARGS.seeds)
     meta_runs = {u: [f"runs/omniglot_metabaseline/u{u}_seed{s}" for s in seeds] for u in (1, 5)}
     for u, runs in meta_runs.items():
         for seed, run in zip(seeds, runs, strict=True):
             train("train", META, run, 2, "--seed", str(seed), "--resplits", str(u))
+    train("pretrain", "models/omniglot/pretrain_cosine_conv4_trainval.json", COSINE, 40)
     evals = HERE / "evals"
     evals.mkdir(exist_ok=True)
     rows = {**BASELINES, "Meta-Baseline, seed 0": (f"{meta_runs[1][0]}/last.pt", [])}
@@ -107,8 +73,10 @@ def main() -> None:
     for way, shot in SETTINGS:
         key = f"{way}-way {shot}-shot"
         accuracies = {
-            label: evaluate(ckpt, flags, way, shot, evals / f"{i}_{way}w{shot}s.json")
-            for i, (label, (ckpt, flags)) in enumerate(rows.items())
+            label: evaluate(
+                ckpt, flags, way, shot, ARGS.episodes, evals / eval_name(label, way, shot)
+            )
+            for label, (ckpt, flags) in rows.items()
         }
         reference = accuracies["ProtoNet, meta-trained (zoo)"]
         for label, acc in accuracies.items():
@@ -120,13 +88,7 @@ def main() -> None:
                 "minus_protonet_ci95": 100 * d.ci95,
             }
         out = evals / f"ehg_{way}w{shot}s.json"
-        if not out.is_file():
-            fewshot(
-                "compare-seeds", "--a", *[f"{r}/last.pt" for r in meta_runs[1]],
-                "--b", *[f"{r}/last.pt" for r in meta_runs[5]], "--way", str(way), "--shot",
-                str(shot), "--episodes", str(ARGS.episodes), "--seed", "0", "--out", str(out),
-            )  # fmt: skip
-        record = json.loads(out.read_text())
+        record = compare_seeds(meta_runs[1], meta_runs[5], way, shot, ARGS.episodes, out)
         results["ehg"][key] = {
             "u1": [m["accuracy"] for m in record["a"]],
             "u5": [m["accuracy"] for m in record["b"]],
@@ -166,8 +128,6 @@ def table(results: dict) -> str:
         "| | " + " | ".join(keys) + " |",
         "|---" * (len(keys) + 1) + "|",
     ]
-    from fewshot.evaluation.stats import seeds_ci
-
     for arm in ("u1", "u5"):
         cells = [percent(*[v / 100 for v in seeds_ci(results["ehg"][k][arm])]) for k in keys]
         lines.append(f"| U = {arm[1]} | " + " | ".join(cells) + " |")

@@ -135,9 +135,15 @@ class ComparisonMethod(EmbeddingMethod):
     """An embedding method whose head is a learned comparison module (`comparator`)."""
 
     def __init__(
-        self, backbone: nn.Module, comparator: nn.Module, name: str, loss: str, amp: str = "auto"
+        self,
+        backbone: nn.Module,
+        comparator: nn.Module,
+        name: str,
+        loss: str,
+        amp: str = "auto",
+        label_smoothing: float = 0.0,
     ):
-        super().__init__(backbone, "protonet", amp=amp)
+        super().__init__(backbone, "protonet", amp=amp, label_smoothing=label_smoothing)
         self.comparator = comparator
         self.head_name, self.head_fn = name, comparator
         self.loss = loss
@@ -166,7 +172,9 @@ def build_matching_method(
         )
     backbone = settings_backbone(settings)
     head = MatchingHead(backbone.out_dim, fce, fce_steps)
-    return ComparisonMethod(backbone, head, "matching", "cross_entropy", settings["amp"])
+    return ComparisonMethod(
+        backbone, head, "matching", "cross_entropy", settings["amp"], settings["label_smoothing"]
+    )
 
 
 def build_relation_method(settings: dict, loss: str = "mse", hidden: int = 8) -> ComparisonMethod:
@@ -190,4 +198,5 @@ def build_relation_method(settings: dict, loss: str = "mse", hidden: int = 8) ->
             "without avg_pool)",
         )
     head = RelationHead(backbone.feature_map, hidden=hidden)
+    # Label smoothing is refused for the method (UNUSED_SETTINGS); the MSE has no use for it.
     return ComparisonMethod(backbone, head, "relation", loss, settings["amp"])

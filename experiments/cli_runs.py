@@ -1,0 +1,68 @@
+"""Driving the `fewshot` commands from a study: runs started, resumed or skipped, and
+evaluations cached as their JSON, so that a study can be stopped and run again."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from fewshot.runtime.io import load_checkpoint
+
+
+def fewshot(*args: str) -> None:
+    """Run a fewshot command, stopping the study if it fails."""
+    command = [sys.executable, "-m", "fewshot", *args]
+    print("$", " ".join(command[2:]), flush=True)
+    subprocess.run(command, check=True)
+
+
+def finished(run: str, epochs: int) -> bool:
+    """Whether the run folder's last.pt holds its final epoch."""
+    last = Path(run) / "last.pt"
+    return last.is_file() and load_checkpoint(last)["progress"]["epoch"] >= epochs
+
+
+def train(command: str, config: str, run: str, epochs: int, *flags: str) -> None:
+    """Start, resume or skip one run of `fewshot train` or `fewshot pretrain`."""
+    if finished(run, epochs):
+        return
+    last = Path(run) / "last.pt"
+    if last.is_file():
+        fewshot(command, "--resume", str(last))
+    else:
+        fewshot(command, "--config", config, "--out", run, *flags)
+
+
+def evaluate(
+    checkpoint: str, flags: list[str], way: int, shot: int, episodes: int, out: Path
+) -> torch.Tensor:
+    """Per-episode accuracies of one model on `episodes` seeded test episodes (seed 0),
+    cached in `out` (the JSON of `fewshot eval --per-episode`)."""
+    if not out.is_file():
+        fewshot(
+            "eval", "--checkpoint", checkpoint, *flags, "--way", str(way), "--shot", str(shot),
+            "--episodes", str(episodes), "--seed", "0", "--per-episode", "--out", str(out),
+        )  # fmt: skip
+    return torch.tensor(json.loads(out.read_text())["accuracies"])
+
+
+def compare_seeds(
+    a: list[str], b: list[str], way: int, shot: int, episodes: int, out: Path
+) -> dict:
+    """`fewshot compare-seeds` of two arms' last checkpoints on seeded episodes (cached)."""
+    if not out.is_file():
+        fewshot(
+            "compare-seeds", "--a", *[f"{r}/last.pt" for r in a], "--b",
+            *[f"{r}/last.pt" for r in b], "--way", str(way), "--shot", str(shot),
+            "--episodes", str(episodes), "--seed", "0", "--out", str(out),
+        )  # fmt: skip
+    return json.loads(out.read_text())
+
+
+def percent(mean: float, half: float, signed: bool = False) -> str:
+    """'98.75 ± 0.12' (or '+0.31 ± 0.08') from fractions."""
+    return f"{100 * mean:{'+' if signed else ''}.2f} ± {100 * half:.2f}"
