@@ -66,3 +66,18 @@ def compare_seeds(
 def percent(mean: float, half: float, signed: bool = False) -> str:
     """'98.75 ± 0.12' (or '+0.31 ± 0.08') from fractions."""
     return f"{100 * mean:{'+' if signed else ''}.2f} ± {100 * half:.2f}"
+
+
+# Omniglot's four test settings (way, shot), as the papers report them.
+OMNIGLOT_SETTINGS = [(5, 1), (5, 5), (20, 1), (20, 5)]
+SETTING_KEYS = [f"{way}-way {shot}-shot" for way, shot in OMNIGLOT_SETTINGS]
+
+
+def markdown_header(*columns: str) -> list[str]:
+    """A markdown table's header and rule lines."""
+    return ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+
+
+def markdown_row(*cells: str) -> str:
+    """One markdown table row."""
+    return "| " + " | ".join(cells) + " |"

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+from PIL import Image
 
 from fewshot.cli.main import COMMANDS, build_parser, main
 
@@ -27,6 +28,7 @@ PLACEHOLDERS = {
     "B": "runs/omni/last.pt",
     "W": "20",
     "K": "5",
+    "IMAGES": "images",
 }
 # Inline spans that name a command with one of its flags but are not meant to be run.
 FRAGMENTS = {"fewshot eval --per-episode", "fewshot hpo NAME"}
@@ -36,6 +38,7 @@ NAMES = sorted(
 )
 MUST_APPEAR = [
     ("train",),
+    ("pretrain",),
     ("eval",),
     ("compare",),
     ("compare-seeds",),
@@ -170,10 +173,15 @@ def tiny_run(folder: Path, data_root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def readme_dir(tmp_path_factory, tiny_omniglot_root):
-    """A working folder for the README's relative paths: `models` from the repository and a
-    tiny trained run in runs/omni (what --resume and the checkpoint placeholders point at)."""
+    """A working folder for the README's relative paths: `models` from the repository, a
+    tiny trained run in runs/omni (what --resume and the checkpoint placeholders point at) and
+    a folder data set of RGB images in images/."""
     folder = tmp_path_factory.mktemp("readme")
     (folder / "models").symlink_to(REPO / "models")
+    for split in ("train", "val", "test"):
+        for name in ("a", "b"):
+            (folder / "images" / split / f"{split}_{name}").mkdir(parents=True)
+            Image.new("RGB", (32, 32)).save(folder / "images" / split / f"{split}_{name}" / "0.png")
     tiny_run(folder / "runs" / "omni", tiny_omniglot_root)
     return folder
 

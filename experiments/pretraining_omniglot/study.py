@@ -24,12 +24,20 @@ import argparse
 import re
 from pathlib import Path
 
-from experiments.cli_runs import compare_seeds, evaluate, percent, train
+from experiments.cli_runs import (
+    OMNIGLOT_SETTINGS,
+    SETTING_KEYS,
+    compare_seeds,
+    evaluate,
+    markdown_header,
+    markdown_row,
+    percent,
+    train,
+)
 from fewshot.evaluation.stats import paired_ci, seeds_ci
 from fewshot.runtime.io import atomic_write_json, atomic_write_text
 
 HERE = Path(__file__).resolve().parent
-SETTINGS = [(5, 1), (5, 5), (20, 1), (20, 5)]
 ZOO = "models/omniglot/protonet_conv4_trainval.pt"
 LINEAR = "runs/omniglot_pretrain_conv4_trainval"
 COSINE = "runs/omniglot_pretrain_cosine_conv4_trainval"
@@ -65,12 +73,12 @@ def main() -> None:
     for u, runs in meta_runs.items():
         for seed, run in zip(seeds, runs, strict=True):
             train("train", META, run, 2, "--seed", str(seed), "--resplits", str(u))
-    train("pretrain", "models/omniglot/pretrain_cosine_conv4_trainval.json", COSINE, 40)
+    train("pretrain", "models/omniglot/pretrain_cosine_conv4_trainval.json", COSINE, 20)
     evals = HERE / "evals"
     evals.mkdir(exist_ok=True)
     rows = {**BASELINES, "Meta-Baseline, seed 0": (f"{meta_runs[1][0]}/last.pt", [])}
     results: dict = {"episodes": ARGS.episodes, "rows": {}, "ehg": {}}
-    for way, shot in SETTINGS:
+    for way, shot in OMNIGLOT_SETTINGS:
         key = f"{way}-way {shot}-shot"
         accuracies = {
             label: evaluate(
@@ -101,17 +109,16 @@ def main() -> None:
 
 def table(results: dict) -> str:
     """The markdown tables of results.json."""
-    keys = [f"{w}-way {s}-shot" for w, s in SETTINGS]
+    keys = SETTING_KEYS
     lines = [
         f"Accuracy ± 95% CI (%) on {results['episodes']} seeded Omniglot test episodes (seed 0); "
         "below each, the paired difference to the meta-trained ProtoNet on the same episodes.",
         "",
-        "| model | " + " | ".join(keys) + " |",
-        "|---" * (len(keys) + 1) + "|",
+        *markdown_header("model", *keys),
     ]
     for label, cells in results["rows"].items():
         values = [percent(cells[k]["accuracy"] / 100, cells[k]["ci95"] / 100) for k in keys]
-        lines.append(f"| {label} | " + " | ".join(values) + " |")
+        lines.append(markdown_row(label, *values))
         if label != "ProtoNet, meta-trained (zoo)":
             diffs = [
                 percent(
@@ -119,26 +126,20 @@ def table(results: dict) -> str:
                 )
                 for k in keys
             ]
-            lines.append("| &nbsp;&nbsp;− ProtoNet | " + " | ".join(diffs) + " |")
+            lines.append(markdown_row("&nbsp;&nbsp;− ProtoNet", *diffs))
     lines += [
         "",
         "Meta-Baseline with EHG: mean over 5 training seeds ± t interval (%), and U = 5 − U = 1 "
         "paired across seeds.",
         "",
-        "| | " + " | ".join(keys) + " |",
-        "|---" * (len(keys) + 1) + "|",
+        *markdown_header("", *keys),
     ]
     for arm in ("u1", "u5"):
         cells = [percent(*[v / 100 for v in seeds_ci(results["ehg"][k][arm])]) for k in keys]
-        lines.append(f"| U = {arm[1]} | " + " | ".join(cells) + " |")
+        lines.append(markdown_row(f"U = {arm[1]}", *cells))
     diffs = [results["ehg"][k]["difference"] for k in keys]
-    lines.append(
-        "| U = 5 − U = 1 | "
-        + " | ".join(
-            f"{percent(d['mean'], d['ci95'], True)} (p = {d['p_value']:.2g})" for d in diffs
-        )
-        + " |"
-    )
+    cells = [f"{percent(d['mean'], d['ci95'], True)} (p = {d['p_value']:.2g})" for d in diffs]
+    lines.append(markdown_row("U = 5 − U = 1", *cells))
     return "\n".join(lines) + "\n"
 
 
