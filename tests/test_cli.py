@@ -125,7 +125,7 @@ def test_eval_records_what_it_was_computed_with_and_keeps_other_results(trained,
 # trained run folder; {file} a regular file; {cfg} a config file written from the case's JSON.
 BAD_COMMANDS = [
     ("train --backbone vgg", "--backbone must be one of conv4, resnet12, got 'vgg'"),
-    ("train --head knn", "--head must be one of protonet, ridge, svm, got 'knn'"),
+    ("train --head knn", "--head must be one of protonet, ridge, svm, cosine, got 'knn'"),
     ("train --dataset mnist", "--dataset must be one of"),
     ("train --way 30 --out {tmp}/r", "30-way episodes need 30 classes"),
     ("train --shot -1", "--shot must be >= 1, got -1"),

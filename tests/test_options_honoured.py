@@ -18,11 +18,16 @@ from fewshot.training.settings import PretrainSettings, TrainSettings, make_conf
 
 # Where a run reads and writes and what it runs on: they choose the place, not the run.
 PLACES = {"dataset", "data_root", "out", "device"}
-# The methods with the heads they are tried with (the MAML family has no head).
+# The methods with the heads they are tried with (the MAML family has no head, matching and
+# relation a comparison module instead).
 RUNS = {
     "protonet": {"method": "embedding", "head": "protonet"},
     "ridge": {"method": "embedding", "head": "ridge", "head_options": {"lam": 0.5}},
     "svm": {"method": "embedding", "head": "svm"},
+    "matching": {"method": "matching"},
+    # SGD 0.1 stalls the tiny relation module within two steps (a constant score, chance
+    # accuracy whatever the validation episodes): the paper's Adam 1e-3.
+    "relation": {"method": "relation", "optimizer": "adam", "lr": 0.001},
     "maml": {"method": "maml"},
     "fomaml": {"method": "fomaml"},
     "anil": {"method": "anil"},
@@ -37,6 +42,7 @@ BASE = {
 HEAD_OPTIONS = {"protonet": {"normalize_by_dim": True}, "ridge": {"lam": 5.0}, "svm": {"C": 1.0}}
 METHOD_OPTIONS = {"maml": {"inner_lr": 0.1}, "fomaml": {"inner_lr": 0.1}, "anil": {"inner_lr": 0.1}}
 METHOD_OPTIONS["imaml"] = {"proximal": 2.0}
+METHOD_OPTIONS |= {"matching": {"fce": True}, "relation": {"loss": "cross_entropy"}}
 
 
 def other_value(field: str, run: dict, settings: TrainSettings) -> dict:
@@ -53,6 +59,7 @@ def other_value(field: str, run: dict, settings: TrainSettings) -> dict:
         "lr": settings.lr / 2, "momentum": 0.5, "weight_decay": 0.01,
         "lr_schedule": [[0, 0.5]], "label_smoothing": 0.2, "augment": True,
         "channels_last": not settings.channels_last, "amp": "bf16", "seed": 1,
+        "resize": 32, "channels": 3,  # refused: they apply to --dataset folder
     }  # fmt: skip
     if field == "backbone":  # ResNet-12 takes four widths
         return {"backbone": "resnet12", "backbone_options": {"channels": [4, 4, 4, 4]}}

@@ -14,13 +14,12 @@ from pathlib import Path
 import torch
 
 from fewshot.cli.eval import EpisodeSettings, method_label
-from fewshot.datasets import load_split
 from fewshot.evaluation.episodes import EvalResult
 from fewshot.evaluation.stats import Difference, paired_ci, paired_seeds_ci, seeds_ci
 from fewshot.runtime.device import resolve_device
 from fewshot.runtime.io import atomic_write_json, file_sha256, prepare_output, same_json
 from fewshot.runtime.settings import Command, SettingError, setting
-from fewshot.training.checkpoint import check_fits, checkpoint_file, load_trained
+from fewshot.training.checkpoint import as_trained, checkpoint_file, load_trained
 
 
 def per_episode(settings: EpisodeSettings, paths: list[str]) -> tuple[str, list[torch.Tensor]]:
@@ -39,12 +38,14 @@ def per_episode(settings: EpisodeSettings, paths: list[str]) -> tuple[str, list[
         settings.use_classifier(method, config)
         method.check_way(settings.way)
         caches.append(settings.cache_for(method, method_label(config)))
-    split = load_split(dataset, settings.split, settings.data_root)
-    for path, (_, config) in zip(files, models, strict=True):
-        check_fits(config, split, path)
+    split = settings.episode_split(dataset, models[0][1], files[0])
+    # Each model sees the images as it was trained to (its geometry, its normalisation).
+    splits = [
+        as_trained(config, split, path) for path, (_, config) in zip(files, models, strict=True)
+    ]
     return dataset, [
-        settings.accuracies(method, config, split, device, cache)
-        for (method, config), cache in zip(models, caches, strict=True)
+        settings.accuracies(method, config, data, device, cache)
+        for (method, config), data, cache in zip(models, splits, caches, strict=True)
     ]
 
 

@@ -8,8 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fewshot.datasets import dataset_names, load_split, resolve_data_root
-from fewshot.datasets.memmap import describe, memmap_folder, write_memmap
+from fewshot.datasets import (
+    channels_setting,
+    check_data_options,
+    convert_split,
+    dataset_names,
+    resize_setting,
+)
+from fewshot.datasets.memmap import describe
 from fewshot.runtime.settings import Command, check_fields, setting
 
 
@@ -24,18 +30,19 @@ class ConvertSettings:
     data_root: str | None = setting(
         None, help="data folder (default: $FEWSHOT_DATA or the repository's data/)"
     )
+    resize: int | None = resize_setting()
+    channels: int | None = channels_setting()
 
     def __post_init__(self) -> None:
         check_fields(self)
+        check_data_options(self)
 
 
 def run_convert(settings: ConvertSettings) -> None:
     """Read each split through its reader (all its checks) and write its arrays."""
-    root = resolve_data_root(settings.data_root)
     for split in settings.splits:
-        folder = memmap_folder(root, settings.dataset, split)
-        write_memmap(load_split(settings.dataset, split, root, converted=False), folder)
-        print(describe(folder))
+        options = {"resize": settings.resize, "channels": settings.channels}
+        print(describe(convert_split(settings.dataset, split, settings.data_root, **options)))
 
 
 COMMANDS = [

@@ -8,8 +8,16 @@ from pathlib import Path
 
 import torch
 
-from fewshot.datasets import dataset_names, load_split
+from fewshot.datasets import (
+    FOLDER,
+    channels_setting,
+    check_data_options,
+    dataset_names,
+    load_split,
+    resize_setting,
+)
 from fewshot.datasets.base import ImageSplit
+from fewshot.datasets.folder import describe_source
 from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluation.episodes import EvalResult, episode_accuracies
 from fewshot.heads import CLASSIFIERS, TRANSDUCTIVE
@@ -28,7 +36,7 @@ from fewshot.runtime.settings import (
     seed_setting,
     setting,
 )
-from fewshot.training.checkpoint import check_fits, checkpoint_file, load_trained
+from fewshot.training.checkpoint import as_trained, checkpoint_file, load_trained
 
 # The checkpoint's settings that decide how its method solves a test episode (the weights are
 # named by the checkpoint's hash): recorded with the result, and a rerun must match them.
@@ -56,8 +64,12 @@ class EpisodeSettings:
     )
     split: str = setting("test", help="split to draw the episodes from")
     data_root: str | None = setting(
-        None, help="data folder (default: $FEWSHOT_DATA or the repository's data/)"
+        None,
+        help="data folder (default: $FEWSHOT_DATA or the repository's data/; for a model "
+        "trained on a folder data set, evaluated on it: that folder)",
     )
+    resize: int | None = resize_setting()
+    channels: int | None = channels_setting()
     way: int = setting(5, help="classes per episode", low=1)
     shot: int = setting(1, help="support images per class", low=1)
     query: int = setting(15, help="query images per class", low=1)
@@ -87,6 +99,7 @@ class EpisodeSettings:
 
     def __post_init__(self) -> None:
         check_fields(self)
+        check_data_options(self)
         if self.classifier is None:
             if self.classifier_options:
                 raise SettingError("classifier_options", "needs --classifier")
@@ -119,9 +132,45 @@ class EpisodeSettings:
         the model's training split (None when the classifier does not centre)."""
         if not self.classifier_options.get("cl2n"):
             return None
-        base = load_split(config["dataset"], config["train_split"], self.data_root)
-        check_fits(config, base, config["dataset"])
+        base = load_split(
+            config["dataset"],
+            config["train_split"],
+            self.training_root(config),
+            resize=config["resize"],
+            channels=config["channels"],
+        )
+        base = as_trained(config, base, config["dataset"])
         return method.embed_split(base, device).mean(dim=0)
+
+    def training_root(self, config: dict) -> str | None:
+        """Where the data a model (of checkpoint settings `config`) was trained on is:
+        --data-root; for a folder data set the folder the checkpoint names, unless it is the
+        one evaluated on (no --dataset) and --data-root says where it is now."""
+        if config["dataset"] == FOLDER and (self.dataset is not None or not self.data_root):
+            return config["data_root"]
+        return self.data_root
+
+    def evaluated_root(self, config: dict) -> str | None:
+        """The data root of the evaluated dataset: --data-root for the one --dataset names,
+        the model's own data root for its own dataset (see `training_root`)."""
+        return self.data_root if self.dataset else self.training_root(config)
+
+    def episode_split(self, dataset: str, config: dict, path: str | Path) -> ImageSplit:
+        """The split the episodes are drawn from. A folder data set is read at --resize and
+        --channels, by default at the geometry of checkpoint `path` (settings `config`), said
+        in one line where its first image has another (cross-domain evaluation); a built-in
+        dataset has its own."""
+        root, channels, side = self.evaluated_root(config), self.channels, self.resize
+        if dataset == FOLDER:
+            channels, side = channels or config["in_channels"], side or config["image_size"]
+            own = describe_source(Path(root), self.split)
+            if own != f"{channels}x{side}x{side}":
+                print(
+                    f"{root} {self.split}: its {own} images (the first's geometry) are read "
+                    f"as {channels}x{side}x{side}, the geometry of {path}"
+                )
+        pool = self.shot + self.query  # a built-in dataset refuses --resize and --channels
+        return load_split(dataset, self.split, root, resize=side, channels=channels, per_class=pool)
 
     @property
     def shape(self) -> EpisodeShape:
@@ -166,7 +215,7 @@ class EvalSettings(EpisodeSettings):
     overwrite: bool = setting(False, help="replace a result of other settings at the --out path")
 
     def result_path(self, checkpoint: Path, dataset: str) -> Path:
-        """Where the JSON result goes."""
+        """Where the JSON result goes (`dataset`: its name, or folder-NAME for a folder)."""
         if self.out:
             return Path(self.out)
         name = f"eval_{dataset}_{self.split}_{self.way}w{self.shot}s_seed{self.seed}.json"
@@ -185,6 +234,10 @@ def run_eval(settings: EvalSettings) -> EvalResult:
     method_settings = {key: config[key] for key in METHOD_SETTINGS if key in config}
     record.update(json.loads(json.dumps(method_settings)))  # as the JSON file reads back
     record.update(dataset=dataset, split=settings.split)
+    label = dataset
+    if dataset == FOLDER:  # which folder: two of them give two results
+        root = Path(settings.evaluated_root(config)).resolve()
+        record["data_root"], label = str(root), f"folder-{root.name}"
     record.update(
         classifier=settings.classifier,
         classifier_options=settings.classifier_options,
@@ -197,11 +250,11 @@ def run_eval(settings: EvalSettings) -> EvalResult:
     record.update(query=settings.query, seed=settings.seed)
     # Before the work: a result of other settings is kept unless --overwrite.
     out = prepare_output(
-        settings.result_path(checkpoint, dataset), settings.overwrite, same_json(record)
+        settings.result_path(checkpoint, label), settings.overwrite, same_json(record)
     )
     method.check_way(settings.way)
-    split = load_split(dataset, settings.split, settings.data_root)
-    check_fits(config, split, checkpoint)
+    split = as_trained(config, settings.episode_split(dataset, config, checkpoint), checkpoint)
+    record["dataset_fingerprint"] = split.fingerprint()
     accuracies = settings.accuracies(method, config, split, device, cache)
     result = EvalResult.of(accuracies, settings.shape, settings.seed)
     print(result.line())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -56,3 +57,13 @@ class ImageSplit:
     def image_size(self) -> int:
         """Height (= width) of the stored images."""
         return self.images.shape[2]
+
+    def fingerprint(self) -> str:
+        """SHA-256 of the images (as [N, H, W, C] bytes) and labels, what episodes are drawn
+        from: the same however the split was read or stored, whatever its class names."""
+        digest = hashlib.sha256(repr(tuple(self.images.shape)).encode())
+        for start in range(0, len(self.images), 4096):
+            chunk = self.images[start : start + 4096].permute(0, 2, 3, 1).contiguous()
+            digest.update(chunk.numpy())
+        digest.update(self.labels.numpy().astype("<i8").tobytes())
+        return digest.hexdigest()

@@ -5,12 +5,12 @@ from __future__ import annotations
 import csv
 import io
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image
 
 from fewshot.runtime.errors import FewshotError
 
@@ -18,15 +18,41 @@ from fewshot.runtime.errors import FewshotError
 # or a str holding the bytes (a Python 2 byte string read with latin1 decoding).
 Encoded = Path | bytes | np.ndarray | str
 
+# The most pixels an image may declare (a 48-megapixel photo fits): a file of a few bytes can
+# declare billions, and decoding allocates them all.
+MAX_PIXELS = 1 << 26
+# What Pillow raises for a file it cannot decode: unidentified or truncated (OSError), broken
+# chunks (SyntaxError), bad values, an early end, or more pixels than its own bound.
+DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, Image.DecompressionBombError)
 
-def _open(item: Encoded) -> Image.Image:
-    """A PIL image from a path or encoded bytes."""
+
+def open_image(item: Encoded) -> Image.Image:
+    """A PIL image from a path or encoded bytes, its header read (the pixels are decoded on
+    first use); refused (ValueError) when it declares more than MAX_PIXELS pixels."""
     if isinstance(item, Path):
-        return Image.open(item)
-    if isinstance(item, np.ndarray):
-        item = item.tobytes()
-    raw = item.encode("latin1") if isinstance(item, str) else item
-    return Image.open(io.BytesIO(raw))
+        img = Image.open(item)
+    else:
+        raw = item.tobytes() if isinstance(item, np.ndarray) else item
+        img = Image.open(io.BytesIO(raw.encode("latin1") if isinstance(raw, str) else raw))
+    if img.width * img.height > MAX_PIXELS:
+        img.close()
+        raise ValueError(f"{img.width}x{img.height} pixels, over the {MAX_PIXELS} allowed")
+    return img
+
+
+def in_parallel(count: int, work: Callable[[int], None]) -> None:
+    """work(0), ..., work(count - 1) on threads (Pillow releases the GIL while decoding, so
+    they give a real speed-up); the first failure by index is raised, and what had not started
+    by then never runs."""
+    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        futures = [pool.submit(work, i) for i in range(count)]
+        try:
+            for future in futures:
+                future.result()
+        except BaseException:
+            for future in futures:
+                future.cancel()
+            raise
 
 
 def decode_images(
@@ -41,20 +67,21 @@ def decode_images(
 
     def decode(i: int) -> None:
         try:
-            with _open(items[i]) as img:
-                rgb = img.convert("RGB")
-        except (OSError, UnidentifiedImageError, ValueError) as e:
+            with open_image(items[i]) as img:
+                pixels = np.asarray(resized(img.convert("RGB"), size))
+        except DECODE_ERRORS as e:
             name = items[i] if isinstance(items[i], Path) else f"image {i}"
             raise FewshotError(f"{source}: cannot decode {name}: {e}") from None
-        if rgb.size != (size, size):
-            rgb = rgb.resize((size, size), Image.LANCZOS)
-        pixels = np.asarray(rgb)
         out[i] = pixels[..., ::-1] if reverse_channels else pixels
 
-    # PIL releases the GIL while decoding, so threads give a real speed-up on large splits.
-    with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        list(pool.map(decode, range(len(items))))
+    in_parallel(len(items), decode)
     return out
+
+
+def resized(img: Image.Image, size: int) -> Image.Image:
+    """`img` at size x size: resized with Lanczos filtering, as Ravi & Larochelle's script did,
+    when it is of another size."""
+    return img if img.size == (size, size) else img.resize((size, size), Image.LANCZOS)
 
 
 def read_csv_list(path: Path) -> tuple[list[str], list[str]]:

@@ -6,16 +6,19 @@ its checks) and writes DATA_ROOT/<dataset>/memmap/<split>/ {images.npy, labels.n
 of a torchrun job share one copy in the page cache and start in seconds instead of each
 decoding and holding its own (9.5 GB for tieredImageNet's training split). meta.json holds a
 fingerprint of every file the split was read from; when one of them changes, the conversion is
-refused, naming that file.
+refused, naming that file. A folder of your own images is converted on its first read instead
+(`convert_once`), and again when its files change.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import hashlib
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -187,20 +190,33 @@ def _read_meta(folder: Path) -> dict:
     return meta
 
 
+def _source_change(meta: dict) -> tuple[str, str] | None:
+    """The first source file of a conversion that changed since, and how (None: none did)."""
+    sample_bytes = _sample_bytes(len(meta["sources"]))
+    for recorded in meta["sources"]:
+        change = _changed(recorded, sample_bytes)
+        if change is not None:
+            return recorded["path"], change
+    return None
+
+
 def read_memmap(folder: Path) -> ImageSplit | None:
     """The converted split in `folder`, its images mapped (None when there is none)."""
     meta_path = folder / "meta.json"
     if not meta_path.is_file():
         return None
     meta = _read_meta(folder)
-    sample_bytes = _sample_bytes(len(meta["sources"]))
-    for recorded in meta["sources"]:
-        change = _changed(recorded, sample_bytes)
-        if change is not None:
-            raise FewshotError(
-                f"{folder}: the source {recorded['path']} changed since conversion ({change}): "
-                "convert again (fewshot convert, or delete the folder)"
-            )
+    changed = _source_change(meta)
+    if changed is not None:
+        raise FewshotError(
+            f"{folder}: the source {changed[0]} changed since conversion ({changed[1]}): "
+            "convert again (fewshot convert, or delete the folder)"
+        )
+    return _mapped(folder, meta)
+
+
+def _mapped(folder: Path, meta: dict) -> ImageSplit:
+    """The arrays of a converted split whose metadata has been read, mapped."""
     try:
         # "c": a private mapping; its pages stay shared with other processes until written
         # (they never are), and torch gets a writable array.
@@ -219,6 +235,51 @@ def read_memmap(folder: Path) -> ImageSplit | None:
         source=str(folder),
         files=tuple(str(folder / name) for name in ("meta.json", "images.npy", "labels.npy")),
     )
+
+
+def _current(folder: Path, sources: Sequence[str]) -> ImageSplit | None:
+    """The split converted in `folder` from exactly `sources`, none changed since, mapped;
+    None where there is none, or it is of other sources, damaged or outdated."""
+    if not (folder / "meta.json").is_file():
+        return None
+    try:
+        meta = _read_meta(folder)
+        recorded = [entry["path"] for entry in meta["sources"]]
+        if recorded != [os.path.abspath(source) for source in sources] or _source_change(meta):
+            return None
+        return _mapped(folder, meta)
+    except FewshotError:  # damaged or of another version: converted again
+        return None
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the file `path` (created if need be) for the block."""
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        yield
+
+
+def convert_once(
+    folder: Path, sources: Sequence[str], read: Callable[[], ImageSplit], again: bool = False
+) -> ImageSplit:
+    """The split converted in `folder` from exactly `sources` (in order), none of them changed
+    since, mapped; otherwise (or when `again`) `read()` is converted into `folder` first. A lock
+    beside the folder makes processes that ask at once (the ranks of a torchrun job) convert it
+    once and all map that one copy."""
+    split = None if again else _current(folder, sources)
+    if split is not None:
+        return split
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with _locked(folder.with_name(folder.name + ".lock")):
+            split = None if again else _current(folder, sources)  # another process's, meanwhile
+            if split is None:
+                write_memmap(read(), folder)
+                split = _mapped(folder, _read_meta(folder))
+    except OSError as e:
+        raise FewshotError(f"cannot write the conversion {folder}: {e.strerror or e}") from None
+    return split
 
 
 def describe(folder: Path) -> str:

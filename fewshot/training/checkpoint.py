@@ -9,10 +9,13 @@ uninterrupted one on a CPU.
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
+from fewshot.datasets import NORMALIZATION
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeSampler, ImageBatchSampler
 from fewshot.methods import Method, build_method
@@ -139,14 +142,34 @@ def pretrained_backbone(
     return state
 
 
+def normalization(config: dict, dataset: str, path: str | Path) -> dict:
+    """The per-channel mean and std a checkpoint's model was trained on, checked: as recorded
+    in its config, else (written before they were) its built-in dataset's ({}: unknown)."""
+    if "mean" not in config and "std" not in config:
+        known = NORMALIZATION.get(dataset)
+        return {"mean": list(known[0]), "std": list(known[1])} if known else {}
+    mean, std = config.get("mean"), config.get("std")
+    numbers = all(
+        isinstance(v, list)
+        and v
+        and all(isinstance(x, int | float) and math.isfinite(x) for x in v)
+        for v in (mean, std)
+    )
+    if not (numbers and len(mean) == len(std) and min(std) > 0):
+        raise FewshotError(f"{path} has damaged normalisation constants: mean {mean}, std {std}")
+    return {"mean": mean, "std": std}
+
+
 def load_trained(path: str | Path, device: torch.device) -> tuple[Method, dict]:
     """A trained method in eval mode on `device` and its checked settings with the image
-    geometry it expects, from a checkpoint written by `fewshot train` (or imported)."""
+    geometry and normalisation it expects, from a checkpoint written by `fewshot train`
+    (or imported)."""
     ckpt = load_checkpoint(path)
     settings = checkpoint_settings(ckpt, path)
     method = trained_method(ckpt, settings, path).to(device)
     geometry = {key: ckpt["config"][key] for key in GEOMETRY_KEYS}
-    return method, {**settings, **geometry, "stage": checkpoint_stage(ckpt, path)}
+    scale = normalization(ckpt["config"], settings["dataset"], path)
+    return method, {**settings, **geometry, **scale, "stage": checkpoint_stage(ckpt, path)}
 
 
 def checkpoint_file(path: str | Path) -> Path:
@@ -157,6 +180,21 @@ def checkpoint_file(path: str | Path) -> Path:
     if not (path / "best.pt").is_file():
         raise FewshotError(f"{path} is a folder without best.pt; name a checkpoint file")
     return path / "best.pt"
+
+
+def as_trained(config: dict, data: ImageSplit, path: str | Path) -> ImageSplit:
+    """`data` as the model of checkpoint `path` (settings `config`, from `load_trained`) sees
+    it: refused in one line when of other channels or image size, normalised with the
+    constants of the model's training images (its own where the checkpoint does not say)."""
+    check_fits(config, data, path)
+    if "mean" not in config:
+        return data
+    if len(config["mean"]) != data.channels:
+        raise FewshotError(
+            f"{path} has {len(config['mean'])} normalisation constants for its "
+            f"{data.channels}-channel images: damaged"
+        )
+    return replace(data, mean=tuple(config["mean"]), std=tuple(config["std"]))
 
 
 def check_fits(config: dict, data: ImageSplit, path: str | Path) -> None:

@@ -5,13 +5,21 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import asdict, dataclass
+from functools import cached_property
 from pathlib import Path
 
 import torch
 
 from fewshot.backbones import BACKBONES
 from fewshot.backbones import TRAINING_DEFAULTS as BACKBONE_DEFAULTS
-from fewshot.datasets import GEOMETRY, dataset_names
+from fewshot.datasets import (
+    FOLDER,
+    channels_setting,
+    check_data_options,
+    dataset_geometry,
+    dataset_names,
+    resize_setting,
+)
 from fewshot.datasets.augment import PAPER_PADDING
 from fewshot.heads import HEADS, check_head
 from fewshot.methods import (
@@ -50,6 +58,8 @@ class RunSettings:
     data_root: str | None = setting(
         None, help="data folder (default: $FEWSHOT_DATA or the repository's data/)"
     )
+    resize: int | None = resize_setting()
+    channels: int | None = channels_setting()
     train_split: str = setting("train", help="split to train on (e.g. train, trainval)")
     val_split: str = setting("val", help="split to validate on")
     backbone: str = setting("conv4", help="embedding network", choices=tuple(BACKBONES))
@@ -108,7 +118,8 @@ class RunSettings:
         if self.optimizer != "sgd":
             refuse_unused(self, ["momentum"], f"--optimizer {self.optimizer}")
         check_options("backbone_options", self.backbone_options, BACKBONES[self.backbone])
-        side = GEOMETRY[self.dataset][1]
+        check_data_options(self)
+        side = self.geometry[1]
         if self.augment and side not in PAPER_PADDING:
             raise SettingError(
                 "augment",
@@ -116,6 +127,26 @@ class RunSettings:
                 f"defined for {' and '.join(f'{s}x{s}' for s in PAPER_PADDING)} images, not "
                 f"{side}x{side}",
             )
+
+    @cached_property
+    def geometry(self) -> tuple[int, int]:
+        """(channels, side) of the training images, known before any is decoded."""
+        return dataset_geometry(
+            self.dataset, self.data_root, self.train_split, self.resize, self.channels
+        )
+
+    @property
+    def train_per_class(self) -> int:
+        """The images every training class must have: one, for batches of single images."""
+        return 1
+
+    def split_needs(self) -> list[tuple[str, int]]:
+        """The splits a run reads (train, validation), each with the images its every class
+        must have."""
+        return [
+            (self.train_split, self.train_per_class),
+            (self.val_split, self.val_shot + self.val_query),
+        ]
 
     def lr_factor(self, epoch: int) -> float:
         """Learning-rate multiplier in `epoch` (0-based) under the step schedule."""
@@ -167,6 +198,11 @@ class TrainSettings(RunSettings):
     episodes_per_batch: int = setting(2, help="episodes per optimizer step", low=1)
     resplits: int = setting(1, help="U: re-splits of every episode (EHG); 1 = plain", low=1)
 
+    @property
+    def train_per_class(self) -> int:
+        """The images every training class must have: an episode's shot + query."""
+        return self.shot + self.query
+
     @classmethod
     def defaults_for(cls, values: dict) -> list[tuple[str, dict]]:
         """The layers under `values`: the training defaults of the backbone with the head
@@ -212,7 +248,7 @@ class TrainSettings(RunSettings):
         unused, neutral = UNUSED_SETTINGS.get(self.method, ()), TRAINING_DEFAULTS.get(self.method)
         refuse_unused(self, unused, owner, neutral)
         check_options("method_options", self.method_options, METHODS[self.method], self.method)
-        channels, side = GEOMETRY[self.dataset]
+        channels, side = self.geometry
         # The method and its backbone check their own options; on the meta device building
         # them for the dataset's images costs nothing.
         try:
@@ -276,7 +312,7 @@ class PretrainSettings(RunSettings):
         self._check_common()
         if self.classifier != "cosine":
             refuse_unused(self, ["scale", "learn_scale"], f"--classifier {self.classifier}")
-        channels, side = GEOMETRY[self.dataset]
+        channels, side = self.geometry
         try:  # the backbone checks its options; free on the meta device
             with torch.device("meta"):
                 build_pretrain_method(
@@ -320,8 +356,9 @@ def make_config(
 # Settings renamed since checkpoints were first written: older checkpoints still load.
 RENAMED = {"ehg_splits": "resplits"}
 # What a checkpoint's config holds besides its settings: the data's geometry, the number of
-# classes a pretraining classifier covers, and which command wrote it.
-CONFIG_EXTRAS = ("in_channels", "image_size", "classes", "stage")
+# classes a pretraining classifier covers, which command wrote it, and the normalisation
+# constants of its training images.
+CONFIG_EXTRAS = ("in_channels", "image_size", "classes", "stage", "mean", "std")
 STAGES: dict[str, type[RunSettings]] = {"train": TrainSettings, "pretrain": PretrainSettings}
 STAGE_WORDS = {
     "train": "meta-training (fewshot train)",
@@ -361,4 +398,8 @@ def checkpoint_settings(
         for k, v in config.items()
         if k not in CONFIG_EXTRAS and (stage != "train" or k not in unused)
     }
+    if values.get("dataset") == FOLDER:  # the geometry the run read: no images needed now
+        for key, extra in (("resize", "image_size"), ("channels", "in_channels")):
+            if values.get(key) is None:
+                values[key] = config.get(extra)
     return build(STAGES[stage], [(f"checkpoint {path}", values)]).to_dict()

@@ -18,7 +18,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from fewshot.datasets import GEOMETRY, load_split
+from fewshot.datasets import check_split, load_split
 from fewshot.datasets.augment import TrainAugment
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import images_to_device
@@ -62,7 +62,26 @@ def init_backbone(settings: RunSettings) -> dict[str, torch.Tensor] | None:
     """The pretrained backbone weights a run starts from (--init), checked; None without."""
     if not (isinstance(settings, TrainSettings) and settings.init):
         return None
-    return pretrained_backbone(settings.init, settings, GEOMETRY[settings.dataset])
+    return pretrained_backbone(settings.init, settings, settings.geometry)
+
+
+def read_data(settings: RunSettings) -> tuple[ImageSplit, ImageSplit]:
+    """The train and validation splits of a run, both checked before any image is decoded."""
+    needs = settings.split_needs()
+    for split, per_class in needs:
+        check_split(settings.dataset, split, settings.data_root, per_class)
+    train, val = (
+        load_split(
+            settings.dataset,
+            split,
+            settings.data_root,
+            resize=settings.resize,
+            channels=settings.channels,
+            per_class=per_class,
+        )
+        for split, per_class in needs
+    )
+    return train, val
 
 
 class Diverged(FewshotError):
@@ -91,10 +110,9 @@ class Trainer:
         self.device, self.dist = device, dist
         if init is None and not resume:
             init = init_backbone(settings)  # checked before any data is read
-        self.train_data, self.val_data = data or (
-            load_split(settings.dataset, settings.train_split, settings.data_root),
-            load_split(settings.dataset, settings.val_split, settings.data_root),
-        )
+        # Validated as the model will be evaluated: normalised as its training images.
+        self.train_data, val = data or read_data(settings)
+        self.val_data = replace(val, mean=self.train_data.mean, std=self.train_data.std)
         self.val_shape = EpisodeShape(settings.val_way, settings.val_shot, settings.val_query, 8)
         # Refuse now, not after an epoch, a validation shape the validation split cannot give.
         EpisodeSampler(
@@ -106,6 +124,8 @@ class Trainer:
             **settings.to_dict(),
             "in_channels": self.train_data.channels,
             "image_size": self.train_data.image_size,
+            "mean": list(self.train_data.mean),
+            "std": list(self.train_data.std),
             **self.batches.config(self.train_data),
         }
         self.method = self.batches.build(self.config).to(device)
