@@ -2,7 +2,8 @@
 
 torch.hub.load(REPO, "resnet12", avg_pool=True) builds a backbone (REPO: a clone's path with
 source="local", or the GitHub owner/name); torch.hub.load(REPO, "protonet_conv4_omniglot")
-returns the trained model in eval mode (`maml_conv4_omniglot`: the MAML one).
+returns the trained model in eval mode (`maml_conv4_omniglot`: the MAML one;
+`matching_conv4_omniglot`, `relation_conv4_omniglot`: Matching and Relation Networks).
 """
 
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch
 from fewshot.backbones import Conv4, ResNet12
 from fewshot.backbones.arguments import require_bool
 from fewshot.methods import AdaptationMethod, EmbeddingMethod, Method, build_method
+from fewshot.methods.comparison import ComparisonMethod
 from fewshot.training.checkpoint import load_trained
 
 dependencies = ["torch", "torchvision", "numpy"]
@@ -70,3 +72,23 @@ def maml_conv4_omniglot(
     classes within an hour of a 2-core CPU, in eval mode; `model.accuracy(images, shot)` adapts
     to each episode of images [B, 5, shot + query, 1, 28, 28] (support first, ink 1 on 0)."""
     return _zoo_model("maml_conv4_5way1shot_cpu", "maml_conv4_omniglot", pretrained, device)
+
+
+def matching_conv4_omniglot(
+    pretrained: bool = True, device: str | torch.device = "cpu"
+) -> ComparisonMethod:
+    """Matching Networks (Conv-4, cosine attention) trained 5-way 1-shot on Omniglot's train
+    classes on a CPU budget (4000 episodes), in eval mode; `model.accuracy(images, shot)` on
+    episodes of images [B, way, shot + query, 1, 28, 28] (support first, ink 1 on 0)."""
+    name = "matching_conv4_5way1shot"
+    return _zoo_model(name, "matching_conv4_omniglot", pretrained, device)
+
+
+def relation_conv4_omniglot(
+    pretrained: bool = True, device: str | torch.device = "cpu"
+) -> ComparisonMethod:
+    """Relation Networks (Conv-4 without its last max-pool, the relation module) trained 5-way
+    1-shot on Omniglot's train classes on a CPU budget (4000 episodes), in eval mode;
+    `model.accuracy(images, shot)` as for `matching_conv4_omniglot`."""
+    name = "relation_conv4_5way1shot"
+    return _zoo_model(name, "relation_conv4_omniglot", pretrained, device)

@@ -1,4 +1,5 @@
-"""Fault injection: real SIGINT, SIGTERM and SIGKILL at random moments of `fewshot train`.
+"""Fault injection: real SIGINT, SIGTERM and SIGKILL at random moments of `fewshot train` and
+`fewshot pretrain`.
 
 Whatever the moment (data loading, a step, validation, a checkpoint write), resuming until the
 run ends must give weights identical to an uninterrupted run, one metrics row per epoch with
@@ -24,6 +25,10 @@ from fewshot.runtime.io import load_checkpoint
 TRAIN = [sys.executable, "-m", "fewshot", "train", "--way", "5", "--shot", "1"]
 TRAIN += ["--query", "3", "--epochs", "3", "--episodes-per-epoch", "24", "--val-episodes", "40"]
 TRAIN += ["--optimizer", "adam", "--lr", "0.001", "--device", "cpu"]
+# The same guarantees for pretraining, on the same trainer: 15 batches of 32 images an epoch.
+PRETRAIN = [sys.executable, "-m", "fewshot", "pretrain", "--batch-size", "32", "--epochs", "3"]
+PRETRAIN += ["--val-episodes", "40", "--device", "cpu"]
+COMMANDS = {"train": TRAIN, "pretrain": PRETRAIN}
 
 
 def start(args: list[str], root: Path) -> subprocess.Popen:
@@ -51,26 +56,27 @@ def finished_run(out: Path) -> dict:
     return {"model": load_checkpoint(out / "last.pt")["model"], "rows": rows}
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory, tiny_omniglot_root) -> tuple[dict, float]:
-    """An uninterrupted run and how long it took after taking its lock."""
+@pytest.fixture(scope="module", params=list(COMMANDS))
+def reference(request, tmp_path_factory, tiny_omniglot_root) -> tuple[list[str], dict, float]:
+    """A command, its uninterrupted run and how long that took after taking its lock."""
+    command = COMMANDS[request.param]
     out = tmp_path_factory.mktemp("reference") / "run"
-    process = start([*TRAIN, "--out", str(out)], tiny_omniglot_root)
+    process = start([*command, "--out", str(out)], tiny_omniglot_root)
     wait_for_lock(process, out)
     begun = time.monotonic()
     _, err = process.communicate(timeout=300)
     assert process.returncode == 0, err.decode()
-    return finished_run(out), time.monotonic() - begun
+    return command, finished_run(out), time.monotonic() - begun
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_a_run_survives_signals_at_random_moments(reference, tiny_omniglot_root, tmp_path, signum):
-    want, duration = reference
+    command, want, duration = reference
     rng = random.Random(int(signum))
     for trial in range(2):
         out = tmp_path / f"run{trial}"
-        args = [*TRAIN, "--out", str(out)]
+        args = [*command, "--out", str(out)]
         for _ in range(1 + trial):  # one, then two interruptions, then run to the end
             process = start(args, tiny_omniglot_root)
             wait_for_lock(process, out)
@@ -85,8 +91,8 @@ def test_a_run_survives_signals_at_random_moments(reference, tiny_omniglot_root,
                 assert "interrupted" in stderr.splitlines()[-1], stderr
             # Continue from the last checkpoint; if none was written, start again.
             last = out / "last.pt"
-            fresh = [*TRAIN, "--out", str(out), "--overwrite"]
-            args = [*TRAIN, "--resume", str(last)] if last.exists() else fresh
+            fresh = [*command, "--out", str(out), "--overwrite"]
+            args = [*command, "--resume", str(last)] if last.exists() else fresh
         process = start(args, tiny_omniglot_root)
         _, err = process.communicate(timeout=300)
         assert process.returncode == 0, err.decode()

@@ -99,5 +99,18 @@ def test_an_evaluation_whose_cache_cannot_fit_is_refused_naming_no_cache(memory_
     cache = 4 * len(split.labels) * method.backbone.out_dim
     memory_of(cache // 2)
     with pytest.raises(FewshotError, match="lower --no-cache") as error:
-        settings.accuracies(method, split, torch.device("cpu"), cache=True)
+        settings.accuracies(method, {}, split, torch.device("cpu"), cache=True)
     assert "the evaluation needs about" in str(error.value)
+
+
+def test_a_pretraining_step_that_cannot_fit_is_refused_naming_the_batch_size(
+    memory_of, tiny_omniglot_root, tmp_path, capsys
+):
+    memory_of(64 * 2**20)
+    out = tmp_path / "pre"
+    argv = ["pretrain", "--batch-size", "400", "--data-root", str(tiny_omniglot_root)]
+    assert main([*argv, "--out", str(out), "--device", "cpu", "--amp", "off"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "one training step needs about" in err and "the backbone on 400 images" in err
+    assert "lower --batch-size" in err and len(err.splitlines()) == 1, err
+    assert not (out / "last.pt").exists()
