@@ -56,6 +56,22 @@ def test_the_maml_zoo_model_adapts_to_real_episodes(omniglot_test):
     assert untrained_result.accuracy < result.accuracy - 10
 
 
+# The Matching and Relation zoo models (2000 5-way 1-shot test episodes, seed 0: see
+# experiments/metric_omniglot/), their floors on 200 of those episodes.
+METRIC_FLOORS = {"matching": 80.0, "relation": 90.0}
+
+
+@pytest.mark.parametrize("name", METRIC_FLOORS)
+def test_the_metric_zoo_models_classify_real_episodes(name, omniglot_test):
+    model = torch.hub.load(str(REPO), f"{name}_conv4_omniglot", source="local")
+    saved = load_checkpoint(REPO / "models" / "omniglot" / f"{name}_conv4_5way1shot.pt")
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, saved["model"][key]), key
+    assert not model.training and model.head_name == name
+    result = evaluate(model, omniglot_test, EpisodeShape(5, 1, 15, 8), 200, 0, torch.device("cpu"))
+    assert result.accuracy > METRIC_FLOORS[name]
+
+
 def test_hub_keyword_arguments_are_checked_by_name():
     with pytest.raises(ValueError, match="ResNet12 drop_block_size must be an integer >= 1"):
         torch.hub.load(str(REPO), "resnet12", source="local", drop_block_size=-1)
@@ -63,7 +79,15 @@ def test_hub_keyword_arguments_are_checked_by_name():
         torch.hub.load(str(REPO), "conv4", source="local", in_channels="x")
 
 
-@pytest.mark.parametrize("entry", ["protonet_conv4_omniglot", "maml_conv4_omniglot"])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "protonet_conv4_omniglot",
+        "maml_conv4_omniglot",
+        "matching_conv4_omniglot",
+        "relation_conv4_omniglot",
+    ],
+)
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [
