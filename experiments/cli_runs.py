@@ -38,14 +38,22 @@ def train(command: str, config: str, run: str, epochs: int, *flags: str) -> None
 
 
 def evaluate(
-    checkpoint: str, flags: list[str], way: int, shot: int, episodes: int, out: Path
+    checkpoint: str,
+    flags: list[str],
+    way: int,
+    shot: int,
+    episodes: int,
+    out: Path,
+    per_batch: int = 8,
 ) -> torch.Tensor:
-    """Per-episode accuracies of one model on `episodes` seeded test episodes (seed 0),
-    cached in `out` (the JSON of `fewshot eval --per-episode`)."""
+    """Per-episode accuracies of one model on `episodes` seeded test episodes (seed 0, the
+    same whatever `per_batch`, the episodes per classifier call), cached in `out` (the JSON of
+    `fewshot eval --per-episode`)."""
     if not out.is_file():
         fewshot(
             "eval", "--checkpoint", checkpoint, *flags, "--way", str(way), "--shot", str(shot),
             "--episodes", str(episodes), "--seed", "0", "--per-episode", "--out", str(out),
+            "--episodes-per-batch", str(per_batch),
         )  # fmt: skip
     return torch.tensor(json.loads(out.read_text())["accuracies"])
 
