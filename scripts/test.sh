@@ -9,4 +9,7 @@ scripts/setup.sh test
 .venv/bin/lint-imports
 .venv/bin/deptry .
 .venv/bin/vulture
+# Two workers on two cores: one thread each (two threads each oversubscribe the CPU and take
+# about twice as long).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 .venv/bin/python -m pytest -n 2 "$@"
