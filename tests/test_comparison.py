@@ -154,3 +154,15 @@ def test_options_they_cannot_take_are_refused(argv, message, tmp_path, capsys):
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
     assert not (tmp_path / "r").exists()
+
+
+def test_weights_are_saved_once_and_a_classifier_can_replace_the_comparison():
+    settings = {**TrainSettings(method="relation").to_dict(), "in_channels": 1, "image_size": 28}
+    method = build_method(settings).eval()
+    names = list(method.state_dict())
+    assert any(n.startswith("comparator.") for n in names)
+    assert not any(n.startswith("head_fn") for n in names)
+    images = torch.rand(2, 5, 3, 1, 28, 28)
+    assert method.accuracy(images, 1).shape == (2,)
+    method.use_classifier("centroid", {})
+    assert method.head_name == "centroid" and method.accuracy(images, 1).shape == (2,)

@@ -145,7 +145,8 @@ class ComparisonMethod(EmbeddingMethod):
     ):
         super().__init__(backbone, "protonet", amp=amp, label_smoothing=label_smoothing)
         self.comparator = comparator
-        self.head_name, self.head_fn = name, comparator
+        # Its bound call, not the module: a second reference would register it twice.
+        self.head_name, self.head_fn = name, comparator.__call__
         self.loss = loss
         self.scale.requires_grad_(False)  # the comparison's own output is the logit
 
