@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from fewshot.runtime.io import load_checkpoint
+from fewshot.runtime.io import atomic_write_json, atomic_write_text, load_checkpoint
 
 
 def fewshot(*args: str) -> None:
@@ -89,3 +89,10 @@ def markdown_header(*columns: str) -> list[str]:
 def markdown_row(*cells: str) -> str:
     """One markdown table row."""
     return "| " + " | ".join(cells) + " |"
+
+
+def write_results(results: dict, markdown: str, folder: Path) -> None:
+    """A study's results.json and results.md in its folder; the tables printed."""
+    atomic_write_json(results, folder / "results.json")
+    atomic_write_text(markdown, folder / "results.md")
+    print(markdown)

@@ -29,9 +29,9 @@ from experiments.cli_runs import (
     markdown_row,
     percent,
     train,
+    write_results,
 )
 from fewshot.evaluation.stats import ci95, seeds_ci
-from fewshot.runtime.io import atomic_write_json, atomic_write_text
 
 HERE = Path(__file__).resolve().parent
 METHODS = {"matching": "Matching Networks", "relation": "Relation Networks"}
@@ -77,9 +77,7 @@ def main() -> None:
             "seconds_u1": [seconds(r) for r in arms[1]],
             "seconds_u5": [seconds(r) for r in arms[5]],
         }
-    atomic_write_json(results, HERE / "results.json")
-    atomic_write_text(table(results), HERE / "results.md")
-    print(table(results))
+    write_results(results, table(results), HERE)
 
 
 def table(results: dict) -> str:

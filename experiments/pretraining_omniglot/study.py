@@ -33,9 +33,9 @@ from experiments.cli_runs import (
     markdown_row,
     percent,
     train,
+    write_results,
 )
 from fewshot.evaluation.stats import paired_ci, seeds_ci
-from fewshot.runtime.io import atomic_write_json, atomic_write_text
 
 HERE = Path(__file__).resolve().parent
 ZOO = "models/omniglot/protonet_conv4_trainval.pt"
@@ -106,9 +106,7 @@ def main() -> None:
             "u5": [m["accuracy"] for m in record["b"]],
             "difference": record["difference"],
         }
-    atomic_write_json(results, HERE / "results.json")
-    atomic_write_text(table(results), HERE / "results.md")
-    print(table(results))
+    write_results(results, table(results), HERE)
 
 
 def table(results: dict) -> str:
