@@ -11,6 +11,8 @@ _.exc
 _.dependencies
 _.protonet_conv4_omniglot
 _.maml_conv4_omniglot
+_.matching_conv4_omniglot
+_.relation_conv4_omniglot
 
 # Result dataclass fields that reach JSON through dataclasses.asdict and are read by key there.
 _.train_acc  # fewshot.evaluation.metrics.MetricsRow
