@@ -65,10 +65,10 @@ def naive_step(trainer: Trainer, splits: int) -> None:
     images = trainer.train_data.images[index.flatten()].to(trainer.device)
     images = images.float().div(255).view(*index.shape, *images.shape[1:])
     perm = draw_resplits(*index.shape[:2], cfg.shot, cfg.query, splits, trainer.streams.resplit)
-    params = list(trainer.method.parameters())
     model = trainer.method
+    params = [p for p in model.parameters() if p.requires_grad]
     grads = reembedding_gradients(
-        model.embed, params, images, model.head, model.scale, cfg.shot, perm
+        model.embed, params, images, model.head, model.scale, cfg.shot, perm, loss=model.loss
     )
     for p, g in zip(params, grads, strict=True):
         p.grad = g
@@ -79,7 +79,9 @@ def main() -> None:
     """Run the grid and print one row per (backbone, head, shot, U)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backbones", default="conv4,resnet12")
-    parser.add_argument("--heads", default="protonet,ridge,svm")
+    parser.add_argument(
+        "--heads", default="protonet,ridge,svm", help="heads, or the methods matching, relation"
+    )
     parser.add_argument("--shots", default="1,5")
     parser.add_argument("--resplits", default="1,2,5,10", help="the U values")
     parser.add_argument("--repeats", type=int, default=5)
@@ -106,7 +108,10 @@ def main() -> None:
                         dataset="miniimagenet",  # a stand-in: the splits are given
                         amp="off",  # float32: bench_precision compares precisions
                         backbone=backbone,
-                        head=head,
+                        # Matching and Relation Networks: a comparison module for a head.
+                        **(
+                            {"method": head} if head in ("matching", "relation") else {"head": head}
+                        ),
                         way=5,
                         shot=shot,
                         query=15,
