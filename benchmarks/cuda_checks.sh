@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The checks that need a GPU, in one run of at most 8 minutes (the parts' limits add up to 475
+# The checks that need a GPU, in one run of under 10 minutes (the parts' limits add up to 555
 # s, the training runs of every method counted once: they run at once), every figure under
 # OUT_DIR: the CUDA tests, the throughput, EHG, precision (float32 against bf16: the measurement
 # behind --amp auto on GPUs) and MAML-family benchmarks, a few steps of `fewshot train` for
-# every method and head with their CUDA defaults, the Omniglot trainval ProtoNet trained end to
-# end and evaluated, the SVM head's solvers side by side, and the MetaOptNet side-by-side when
+# every method and head with their CUDA defaults (Matching and Relation Networks among them),
+# `fewshot pretrain` and two test-time classifiers on its features, the Omniglot trainval
+# ProtoNet trained end to end and evaluated, the SVM head's solvers side by side, and the
+# MetaOptNet side-by-side when
 # the shared reference folder is beside the repository. Each part has its own time limit, so a
 # slow part cannot starve the others; summary.txt gives each part's exit status and seconds.
 #
@@ -83,11 +85,21 @@ train() {
 for head in protonet ridge svm; do
     train "embedding_$head" --method embedding --head "$head" &
 done
-for method in maml fomaml anil imaml; do
+for method in maml fomaml anil imaml matching relation; do
     train "$method" --method "$method" &
 done
 train anil_channels_last --method anil --channels-last &
 wait
+# Pretraining with its defaults (one pass over the 688 validation classes' images, a stand-in
+# for the train split's 82k), then its frozen features under two test-time classifiers.
+part pretrain 40 "$python" -m fewshot pretrain --dataset omniglot --train-split val \
+    --val-split test --epochs 1 --batch-size 256 --val-episodes 16 --device "$device" \
+    --out "$runs/pretrain"
+for classifier in logistic pt-map; do
+    part "eval_$classifier" 20 "$python" -m fewshot eval --checkpoint "$runs/pretrain/last.pt" \
+        --classifier "$classifier" --episodes 200 --episodes-per-batch 100 --device "$device" \
+        --out "$out/eval_$classifier.json"
+done
 # The zoo's trainval ProtoNet end to end (the last GPU run, in float32: 76 s), then its last
 # checkpoint on 2000 seeded 5-way 1-shot test episodes (98.73 %; the CPU model's 98.75 %).
 part train_trainval 110 "$python" -m fewshot train \

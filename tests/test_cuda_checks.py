@@ -12,9 +12,10 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINED = ["embedding_protonet", "embedding_ridge", "embedding_svm", "maml", "fomaml", "anil"]
-TRAINED += ["imaml", "anil_channels_last", "trainval"]
+TRAINED += ["imaml", "matching", "relation", "anil_channels_last", "trainval"]
 PARTS = ["pytest_cuda", "bench_throughput", "bench_ehg", "bench_precision", "bench_adaptation"]
 PARTS += [f"train_{name}" for name in TRAINED] + ["eval_trainval", "bench_svm"]
+PARTS += ["pretrain", "eval_logistic", "eval_pt-map"]
 
 
 @pytest.mark.slow
