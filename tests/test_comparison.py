@@ -13,7 +13,8 @@ from trainers import make_trainer
 from fewshot.backbones import Conv4
 from fewshot.cli.main import main
 from fewshot.methods import build_method
-from fewshot.methods.comparison import MatchingHead, RelationHead
+from fewshot.methods.matching import MatchingHead
+from fewshot.methods.relation import RelationHead
 from fewshot.methods.resplit import draw_resplits, episode_loss, reembedding_gradients
 from fewshot.training.settings import TrainSettings
 

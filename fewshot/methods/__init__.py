@@ -16,8 +16,9 @@ from fewshot.methods.adaptation import (
     unused_settings,
 )
 from fewshot.methods.base import Method
-from fewshot.methods.comparison import build_matching_method, build_relation_method
 from fewshot.methods.embedding import EmbeddingMethod, build_embedding_method
+from fewshot.methods.matching import build_matching_method
+from fewshot.methods.relation import build_relation_method
 
 MethodBuilder = Callable[..., Method]
 

@@ -1,0 +1,87 @@
+"""Matching Networks (Vinyals et al. 2016): softmax attention over the cosine similarities
+of a query to the support, with the paper's full context embeddings as an option."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fewshot.heads.episode_inputs import check_query, support_one_hot
+from fewshot.methods.comparison import ComparisonMethod
+from fewshot.methods.embedding import settings_backbone
+from fewshot.runtime.settings import SettingError
+
+
+class MatchingHead(nn.Module):
+    """Matching Networks' classifier: softmax attention over the cosine similarities of a
+    query to every support sample; the class probabilities are the attention the class's
+    samples get, returned as log-probabilities. With `fce` the paper's full context embeddings:
+    a bidirectional LSTM over the support (g) and an attention LSTM of `fce_steps` reads for
+    each query (f; default: as many reads as support samples)."""
+
+    pair_bytes = 0  # nothing per (query, class) pair beyond the attention
+
+    def __init__(self, dim: int, fce: bool = False, fce_steps: int | None = None):
+        super().__init__()
+        self.fce, self.fce_steps = fce, fce_steps
+        if fce:
+            self.support_lstm = nn.LSTM(dim, dim, batch_first=True, bidirectional=True)
+            # Input: the query's own embedding and the last read of the support, as the
+            # paper's LSTM(f'(x), [h, r], c) with the read fed as input.
+            self.query_cell = nn.LSTMCell(2 * dim, dim)
+
+    def encode_support(self, support: torch.Tensor) -> torch.Tensor:
+        """g(x_i, S) = g'(x_i) + forward and backward LSTM states over the support [B, ns, d]."""
+        states, _ = self.support_lstm(support)
+        forward, backward = states.chunk(2, dim=-1)
+        return support + forward + backward
+
+    def encode_query(self, query: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
+        """f(x, S): K reads of the support, h_k = LSTM([f'(x), r_{k-1}], h_{k-1}) + f'(x),
+        r_k = softmax(h_k . g(S)) g(S), starting from h_0 = f'(x)."""
+        b, nq, d = query.shape
+        steps = self.fce_steps or support.shape[1]
+        flat = query.reshape(b * nq, d)
+        hidden, cell = flat, torch.zeros_like(flat)
+        for _ in range(steps):
+            attention = torch.softmax(hidden.view(b, nq, d) @ support.transpose(1, 2), dim=-1)
+            read = (attention @ support).reshape(b * nq, d)
+            hidden, cell = self.query_cell(torch.cat([flat, read], dim=1), (hidden, cell))
+            hidden = hidden + flat
+        return hidden.view(b, nq, d)
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        support: torch.Tensor,
+        support_labels: torch.Tensor,
+        way: int,
+        shot: int,
+    ) -> torch.Tensor:
+        """log P(class | query) [B, nq, way]."""
+        one_hot = support_one_hot(support, support_labels, way, shot)
+        check_query(query, support)
+        if self.fce:
+            support = self.encode_support(support)
+            query = self.encode_query(query, support)
+        similarity = F.normalize(query, dim=-1) @ F.normalize(support, dim=-1).transpose(1, 2)
+        log_attention = torch.log_softmax(similarity, dim=-1)  # [B, nq, ns]
+        # log sum_i a_i [y_i = c]: a log-sum-exp over each class's support samples.
+        mask = torch.where(one_hot.bool(), 0.0, float("-inf")).to(log_attention.dtype)
+        return torch.logsumexp(log_attention[..., None] + mask[:, None], dim=2)
+
+
+def build_matching_method(
+    settings: dict, fce: bool = False, fce_steps: int | None = None
+) -> ComparisonMethod:
+    """Matching Networks on the settings' backbone (method options: fce, fce_steps)."""
+    if fce_steps is not None and (not fce or fce_steps < 1):
+        raise SettingError(
+            "method_options", f"fce_steps must be >= 1 with fce true, got {fce_steps}"
+        )
+    backbone = settings_backbone(settings)
+    head = MatchingHead(backbone.out_dim, fce, fce_steps)
+    return ComparisonMethod(
+        backbone, head, "matching", "cross_entropy", settings["amp"], settings["label_smoothing"]
+    )

@@ -1,0 +1,93 @@
+"""Relation Networks (Sung et al. 2018): a relation module scores each query against each
+class's summed support maps; trained with mean squared error on one-hot targets."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fewshot.heads.episode_inputs import check_query, support_one_hot
+from fewshot.methods.comparison import ComparisonMethod
+from fewshot.methods.embedding import settings_backbone
+from fewshot.runtime.settings import SettingError
+
+RELATION_LOSSES = ("mse", "cross_entropy")
+
+
+def relation_block(in_channels: int, channels: int, side: int) -> tuple[nn.Sequential, int]:
+    """conv3x3 -> BatchNorm -> ReLU -> maxpool 2 (no pool on a 1-pixel map); the block and
+    the side of its output."""
+    pool = side >= 2
+    block = nn.Sequential(
+        nn.Conv2d(in_channels, channels, 3, padding=1),
+        nn.BatchNorm2d(channels),
+        nn.ReLU(inplace=True),
+        nn.MaxPool2d(2) if pool else nn.Identity(),
+    )
+    return block, side // 2 if pool else side
+
+
+class RelationHead(nn.Module):
+    """Relation Networks' relation module: each class's support feature maps summed over its
+    shots, concatenated with a query's map along the channels, two conv blocks and two fully
+    connected layers (ReLU, then one output): the relation score before its sigmoid."""
+
+    def __init__(self, feature_map: tuple[int, int, int], channels: int = 64, hidden: int = 8):
+        super().__init__()
+        self.feature_map = feature_map
+        depth, side, _ = feature_map
+        # What training holds per (query, class) pair: the pair's maps, about three times.
+        self.pair_bytes = 3 * 4 * 2 * depth * side * side
+        first, side = relation_block(2 * depth, channels, side)
+        second, side = relation_block(channels, channels, side)
+        self.blocks = nn.Sequential(first, second)
+        self.score = nn.Sequential(
+            nn.Flatten(), nn.Linear(channels * side * side, hidden), nn.ReLU(), nn.Linear(hidden, 1)
+        )
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        support: torch.Tensor,
+        support_labels: torch.Tensor,
+        way: int,
+        shot: int,
+    ) -> torch.Tensor:
+        """Relation scores (logits) [B, nq, way] of every query with every class."""
+        one_hot = support_one_hot(support, support_labels, way, shot)
+        check_query(query, support)
+        b, nq, _ = query.shape
+        classes = one_hot.transpose(1, 2) @ support  # [B, way, d]: sums over the shots
+        pairs = torch.cat(
+            [
+                classes[:, None].expand(b, nq, way, -1).reshape(-1, *self.feature_map),
+                query[:, :, None].expand(b, nq, way, -1).reshape(-1, *self.feature_map),
+            ],
+            dim=1,
+        )
+        return self.score(self.blocks(pairs)).view(b, nq, way)
+
+
+def build_relation_method(settings: dict, loss: str = "mse", hidden: int = 8) -> ComparisonMethod:
+    """Relation Networks on the settings' backbone (method options: loss mse or
+    cross_entropy, hidden); a Conv-4 leaves its last max-pool out unless its options say
+    otherwise, so that the relation module compares feature maps."""
+    if loss not in RELATION_LOSSES:
+        raise SettingError(
+            "method_options", f"loss must be one of {', '.join(RELATION_LOSSES)}, got {loss!r}"
+        )
+    if hidden < 1:
+        raise SettingError("method_options", f"hidden must be >= 1, got {hidden}")
+    if settings["backbone"] == "conv4":
+        options = {"pooled_blocks": 3, **settings["backbone_options"]}
+        settings = {**settings, "backbone_options": options}
+    backbone = settings_backbone(settings)
+    if getattr(backbone, "feature_map", None) is None:
+        raise SettingError(
+            "backbone_options",
+            "must keep a feature map for --method relation (Conv-4 with max-pooling, ResNet-12 "
+            "without avg_pool)",
+        )
+    head = RelationHead(backbone.feature_map, hidden=hidden)
+    # Label smoothing is refused for the method (UNUSED_SETTINGS); the MSE has no use for it.
+    return ComparisonMethod(backbone, head, "relation", loss, settings["amp"])
