@@ -63,6 +63,10 @@ class PretrainMethod(EmbeddingMethod):
         loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
         return loss, (logits.argmax(dim=1) == labels).float()
 
+    def divergence_advice(self) -> str:
+        """What diverged in a pretraining step, and the setting to lower."""
+        return "the pretraining diverged: lower --lr"
+
     def batch_memory_terms(self, images: int) -> list[MemoryTerm]:
         """Lower bounds of what a training step on `images` images holds."""
         return [self.backbone_term(images, True, "--batch-size")]
