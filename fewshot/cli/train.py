@@ -14,6 +14,7 @@ from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import load_checkpoint
 from fewshot.runtime.run_folder import RunFolder
 from fewshot.runtime.settings import Command, SettingError, check_fields, setting
+from fewshot.runtime.signals import Interrupted
 from fewshot.training.settings import (
     CHANGEABLE_ON_RESUME,
     PretrainSettings,
@@ -102,9 +103,15 @@ def run_train(run: TrainRun, settings: RunSettings) -> Path:
     if dist.world > 1 and per_step % dist.world:
         raise FewshotError(f"{flag} {per_step} must be divisible by the {dist.world} processes")
     try:
-        return _train(run, settings, device, dist)
-    finally:
-        close_distributed(dist)
+        run_dir = _train(run, settings, device, dist)
+    except Interrupted:  # every rank stops at the same step
+        close_distributed(dist, agreed=True)
+        raise
+    except BaseException:
+        close_distributed(dist, agreed=False)
+        raise
+    close_distributed(dist, agreed=True)
+    return run_dir
 
 
 def _train(run: TrainRun, settings: RunSettings, device, dist) -> Path:

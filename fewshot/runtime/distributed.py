@@ -46,10 +46,19 @@ def init_distributed(device: torch.device) -> Distributed:
     return info
 
 
-def close_distributed(info: Distributed) -> None:
-    """Leave the torchrun job: tear the process group down, so no rank aborts at exit."""
-    if info.world > 1 and dist.is_initialized():
-        dist.destroy_process_group()
+def close_distributed(info: Distributed, agreed: bool) -> None:
+    """Leave the torchrun job: tear the process group down, so no rank aborts at exit.
+
+    `agreed`: every rank ended the same way (finished, or stopped at the same step), so all wait
+    at a barrier first; without it a rank that finishes early tears its connections down while
+    rank 0 still writes its checkpoints, and gloo may abort it (SIGABRT). After a failure of one
+    rank the others would wait forever, so there is no barrier then.
+    """
+    if info.world == 1 or not dist.is_initialized():
+        return
+    if agreed:
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def gather_objects(obj: object, info: Distributed) -> list | None:
