@@ -130,8 +130,11 @@ def test_paper_settings_and_bad_input() -> None:
     assert TrainAugment.paper(MEAN, STD, 32).padding == 4
     with pytest.raises(FewshotError, match="no paper augmentation"):
         TrainAugment.paper(MEAN, STD, 28)
-    with pytest.raises(FewshotError, match="uint8"):
-        TrainAugment.paper(MEAN, STD, 84)(batch(2, 32), torch.Generator())
+    augment = TrainAugment.paper(MEAN, STD, 84)
+    with pytest.raises(FewshotError, match=r"expects height 84, got 32 \(shape \(2, 3, 32, 32\)"):
+        augment(batch(2, 32), torch.Generator())
+    with pytest.raises(FewshotError, match="expects uint8 images"):
+        augment(batch(2).float(), torch.Generator())
 
 
 def test_a_training_batch_is_fast() -> None:

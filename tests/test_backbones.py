@@ -130,18 +130,20 @@ def test_constructor_arguments_are_checked_by_name(cls, options, message):
 @pytest.mark.parametrize(
     ("net", "images", "message"),
     [
-        (Conv4(1, image_size=28), torch.zeros(2, 3, 28, 28), "Conv4 input must be float images "
-         "[N, 1, H, W] with H, W >= 16, got a torch.float32 tensor of shape (2, 3, 28, 28)"),
-        (Conv4(1, image_size=28), torch.zeros(2, 1, 8, 8), "Conv4 input must be float images "
-         "[N, 1, H, W] with H, W >= 16, got a torch.float32 tensor of shape (2, 1, 8, 8)"),
-        (Conv4(1, image_size=28), torch.zeros(1, 28, 28), "Conv4 input must be float images "
-         "[N, 1, H, W] with H, W >= 16, got a torch.float32 tensor of shape (1, 28, 28)"),
+        (Conv4(1, image_size=28), torch.zeros(2, 3, 28, 28), "Conv4 input expects 1 channel, "
+         "got 3 (shape (2, 3, 28, 28) is [N, C, H, W])"),
+        (Conv4(1, image_size=28), torch.zeros(2, 1, 8, 28), "Conv4 input expects a height of "
+         "at least 16, got 8 (shape (2, 1, 8, 28) is [N, C, H, W])"),
+        (Conv4(1, image_size=28), torch.zeros(2, 1, 28, 8), "Conv4 input expects a width of "
+         "at least 16, got 8 (shape (2, 1, 28, 8) is [N, C, H, W])"),
+        (Conv4(1, image_size=28), torch.zeros(1, 28, 28), "Conv4 input expects 4 dimensions "
+         "[N, C, H, W], got 3: shape (1, 28, 28)"),
         (Conv4(1, image_size=28), torch.zeros(2, 1, 28, 28, dtype=torch.uint8), "Conv4 input "
          "must be float images [N, 1, H, W] with H, W >= 16, got a torch.uint8 tensor"),
         (ResNet12(image_size=32, drop_block_size=2), torch.zeros(2, 1, 32, 32), "ResNet12 "
-         "input must be float images [N, 3, H, W] with H, W >= 16, got a torch.float32 tensor"),
+         "input expects 3 channels, got 1 (shape (2, 1, 32, 32) is [N, C, H, W])"),
         (ResNet12(image_size=32, drop_block_size=2), torch.zeros(2, 3, 12, 32), "ResNet12 "
-         "input must be float images [N, 3, H, W] with H, W >= 16, got a torch.float32 tensor"),
+         "input expects a height of at least 16, got 12"),
     ],
 )  # fmt: skip
 def test_forward_refuses_other_channels_or_too_small_images_in_one_line(net, images, message):

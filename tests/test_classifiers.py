@@ -68,8 +68,10 @@ def test_centroid_refuses_bad_center():
     query, support, labels = episodes(2, 3, 2, 4, 5, seed=2)
     with pytest.raises(FewshotError, match="cl2n=True needs center"):
         centroid(query, support, labels, 3, 2, cl2n=True)
-    with pytest.raises(FewshotError, match=r"center must be a tensor \[dim\] = \[5\], got \(4,\)"):
+    with pytest.raises(FewshotError, match=r"center expects 5 features, got 4 \(shape \(4,\)"):
         centroid(query, support, labels, 3, 2, cl2n=True, center=torch.zeros(4))
+    with pytest.raises(FewshotError, match=r"center must be a tensor \[dim\] = \[5\], got a list"):
+        centroid(query, support, labels, 3, 2, cl2n=True, center=[0.0] * 5)
     with pytest.raises(FewshotError, match="only used with cl2n"):
         centroid(query, support, labels, 3, 2, center=torch.zeros(5))
 

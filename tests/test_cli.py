@@ -99,26 +99,77 @@ def test_eval_records_what_it_was_computed_with_and_keeps_other_results(trained,
     kept = out.read_bytes()
     capsys.readouterr()  # the progress bars of the runs so far
     other_amp = "off" if record["precision"] == "bf16" else "bf16"
-    refused = "fewshot eval: error: {} already holds another result; pass --overwrite to replace it"
-    changes = [["--way", "4"], ["--shot", "2"], ["--query", "2"], ["--episodes", "5"]]
-    changes += [["--seed", "1"], ["--split", "val"], ["--no-cache"], ["--amp", other_amp]]
-    for change in changes:
+    refused = (
+        "fewshot eval: error: {} already holds another result ({}); pass --overwrite to replace it"
+    )
+    changes = {
+        "way: 5 there, 4 here": ["--way", "4"],
+        "shot: 1 there, 2 here": ["--shot", "2"],
+        "query: 3 there, 2 here": ["--query", "2"],
+        "episodes: 4 there, 5 here": ["--episodes", "5"],
+        "seed: 0 there, 1 here": ["--seed", "1"],
+        'split: "test" there, "val" here': ["--split", "val"],
+        f'precision: "{record["precision"]}" there, "{"float32" if other_amp == "off" else "bf16"}"'
+        " here": ["--amp", other_amp],
+    }
+    for differ, change in changes.items():
         assert main([*args, *change]) == 2, change
-        assert capsys.readouterr().err.strip() == refused.format(out), change
+        assert capsys.readouterr().err.strip() == refused.format(out, differ), change
         assert out.read_bytes() == kept
+    # The cache cannot change the result: recorded, not part of its identity.
+    assert main([*args, "--no-cache"]) == 0
+    assert json.loads(out.read_text()) == {**record, "cache": False}
+    assert main(args) == 0
+    kept = out.read_bytes()
+    capsys.readouterr()
     # The same path holding other evaluation options, then other weights: another checkpoint.
     ckpt = load_checkpoint(checkpoint)
     ckpt["config"]["eval_head_options"] = {"normalize_by_dim": True}
     torch.save(ckpt, checkpoint)
     assert main(args) == 2
-    assert capsys.readouterr().err.strip() == refused.format(out)
+    differ = (
+        "checkpoint_sha256 differs; eval_head_options: {} there, "
+        + '{"normalize_by_dim": true} here'
+    )
+    assert capsys.readouterr().err.strip() == refused.format(out, differ)
     assert main([*args, "--overwrite"]) == 0
     assert json.loads(out.read_text())["eval_head_options"] == {"normalize_by_dim": True}
     capsys.readouterr()
     ckpt["model"]["scale"] = ckpt["model"]["scale"] + 1
     torch.save(ckpt, checkpoint)
     assert main(args) == 2
-    assert capsys.readouterr().err.strip() == refused.format(out)
+    assert capsys.readouterr().err.strip() == refused.format(out, "checkpoint_sha256 differs")
+
+
+def test_eval_default_name_holds_what_decides_the_result(trained, capsys, tmp_path):
+    checkpoint = tmp_path / "model.pt"
+    shutil.copy(trained / "best.pt", checkpoint)
+    args = ["eval", "--checkpoint", str(checkpoint), "--query", "3", "--episodes", "4"]
+    args += ["--device", "cpu", "--amp", "off"]
+    assert main(args) == 0
+    (first,) = tmp_path.glob("eval_*.json")
+    assert first.name.startswith("eval_omniglot_test_5w1s3q_4ep_seed0_float32_")
+    assert f"result in {first}" in capsys.readouterr().out
+    # The same identity (the cache and the batch do not decide it): rewritten in place.
+    assert main([*args, "--no-cache", "--episodes-per-batch", "3"]) == 0
+    assert list(tmp_path.glob("eval_*.json")) == [first]
+    # More episodes, another classifier: results of their own, beside the first.
+    assert main([*args[:-4], "--episodes", "6", "--device", "cpu", "--amp", "off"]) == 0
+    assert main([*args, "--classifier", "logistic"]) == 0
+    names = sorted(p.name for p in tmp_path.glob("eval_*.json"))
+    assert len(names) == 3, names
+    assert any("_6ep_" in n for n in names) and any("_logistic_" in n for n in names)
+
+
+def test_eval_of_a_shipped_model_writes_into_results(monkeypatch, tmp_path, capsys):
+    monkeypatch.chdir(tmp_path)
+    model = Path(__file__).resolve().parents[1] / "models" / "omniglot" / "protonet_conv4_1shot.pt"
+    before = sorted(model.parent.iterdir())
+    args = ["eval", "--checkpoint", str(model), "--episodes", "2", "--device", "cpu"]
+    assert main(args) == 0
+    (result,) = (tmp_path / "results" / "omniglot" / "protonet_conv4_1shot").glob("eval_*.json")
+    assert f"result in {result.relative_to(tmp_path)}" in capsys.readouterr().out
+    assert sorted(model.parent.iterdir()) == before
 
 
 # (command line, text the one-line error must contain). {tmp} is a fresh folder; {run} a
@@ -393,7 +444,7 @@ def test_eval_takes_a_run_folder_and_keeps_another_result(trained, capsys, tmp_p
     assert json.loads(out.read_text())["checkpoint"] == str(trained / "best.pt")
     assert main(args) == 0  # the very same result may be written again
     assert main([*args[:-2], "--seed", "1", "--out", str(out)]) == 2
-    assert "already holds another result; pass --overwrite" in capsys.readouterr().err
+    assert "another result (seed: 0 there, 1 here); pass --overwrite" in capsys.readouterr().err
     assert main([*args[:-2], "--seed", "1", "--out", str(out), "--overwrite"]) == 0
     assert json.loads(out.read_text())["seed"] == 1
 

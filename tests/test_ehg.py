@@ -53,6 +53,10 @@ def test_split_limits():
     assert distinct_resplits(5, 1, 1) == 32
     assert distinct_resplits(5, 1, 15) == 16**5
     assert distinct_resplits(2, 2, 2) == math.comb(4, 2) ** 2
+    # Capped: exact below the cap, the cap above it, at once for any way.
+    assert distinct_resplits(3, 1, 1, at_most=100) == 8
+    assert distinct_resplits(3, 1, 1, at_most=8) == 8
+    assert distinct_resplits(10**12, 1, 1, at_most=5) == 5
     generator = torch.Generator().manual_seed(0)
     assert draw_resplits(1, 5, 1, 1, 32, generator).shape == (32, 1, 5, 2)
     for u in (0, 33):  # the settings refuse these by flag; the function states its precondition

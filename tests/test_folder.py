@@ -288,7 +288,7 @@ def test_eval_and_compare_default_to_the_models_own_folder(folder_run, tmp_path,
     assert record["dataset_fingerprint"] == test.fingerprint()
     # The default result name says which folder.
     assert main(argv) == 0
-    assert (out / "eval_folder-data_test_3w1s_seed0.json").is_file()
+    assert len(list(out.glob("eval_folder-data_test_3w1s*q_*ep_seed0_*.json"))) == 1
     compare = ["compare", str(out / "best.pt"), str(out / "last.pt"), *TINY_EPISODES]
     assert main([*compare, "--device", "cpu"]) == 0
     assert "B - A" in capsys.readouterr().out

@@ -8,7 +8,7 @@ import pytest
 import torch
 from sklearn.linear_model import Ridge
 
-from fewshot.heads import HEADS, get_head, protonet, ridge, svm
+from fewshot.heads import HEADS, check_head, get_head, protonet, ridge, svm
 from fewshot.heads.svm import crammer_singer_dual
 from fewshot.runtime.errors import FewshotError
 
@@ -229,3 +229,26 @@ def test_inconsistent_episode_is_rejected(name):
         head(query, support, unbalanced, 3, 2)
     with pytest.raises(FewshotError, match="query"):
         head(query[:, :, :4], support, labels, 3, 2)
+
+
+def test_the_head_check_costs_the_same_whatever_the_way():
+    """The settings' head check runs on an episode of at most 2 classes, 1 shot: a billion-way
+    check returns at once (it allocated way x shot squared floats), and SVM still refuses
+    one class."""
+    check_head("ridge", 10**9, 10**9, {"lam": 1.0})
+    with pytest.raises(FewshotError, match="the SVM head needs way >= 2 classes, got way=1"):
+        check_head("svm", 1, 5, {})
+    with pytest.raises(FewshotError, match="the SVM head needs C > 0"):
+        check_head("svm", 10**9, 1, {"C": 0.0})
+
+
+def test_mismatched_head_inputs_name_the_dimension_in_words():
+    support, labels = torch.zeros(2, 5, 8), torch.arange(5).repeat(2, 1)
+    with pytest.raises(FewshotError, match=r"query expects 8 features, got 7 \(shape \(2, 3, 7\)"):
+        protonet(torch.zeros(2, 3, 7), support, labels, 5, 1)
+    with pytest.raises(FewshotError, match=r"query expects 2 episodes, got 3 \(shape \(3, 3, 8\)"):
+        protonet(torch.zeros(3, 3, 8), support, labels, 5, 1)
+    with pytest.raises(FewshotError, match="support_labels expects 5 support samples, got 4"):
+        protonet(torch.zeros(2, 3, 8), support, labels[:, :4], 5, 1)
+    with pytest.raises(FewshotError, match=r"support expects 3 dimensions \[episodes, samples"):
+        protonet(torch.zeros(3, 8), support[0], labels, 5, 1)

@@ -205,7 +205,9 @@ def test_a_result_of_other_settings_is_kept_unless_overwrite(tmp_path, capsys):
     capsys.readouterr()
     kept = result.read_bytes()
     err = error_line(capsys, pyrim(tmp_path, "--outer-lr", "0.02"))
-    assert err.endswith(f": {result} already holds another result; pass --overwrite to replace it")
+    differ = "outer_lr: 0.01 there, 0.02 here"
+    refusal = f"{result} already holds another result ({differ}); pass --overwrite to replace it"
+    assert err.endswith(f": {refusal}")
     assert result.read_bytes() == kept
     assert main(pyrim(tmp_path, "--outer-lr", "0.02", "--overwrite")) == 0
     assert json.loads(result.read_text())["settings"]["outer_lr"] == 0.02

@@ -20,6 +20,7 @@ MIB = 2**20
 IMAGES = "image-regularization --dataset mnist --device cpu --model"
 CLEANING = "cleaning --dataset mnist --device cpu --model sr"
 HEART = "regularization --dataset heart --model svm"
+MNIST_SIZES = {"train": 60000, "test": 10000}
 # (command, the flag the refusal must name): each makes a different part of the estimate the
 # largest, with 100 MiB available.
 TOO_BIG = [
@@ -46,6 +47,8 @@ def test_a_run_that_cannot_fit_is_refused_before_the_work(
 
     for module in (cleaning, image_regularization):
         monkeypatch.setattr(module, "load_image_dataset", never)  # image tasks: the data read
+    # Cleaning checks its counts against the MNIST files' headers first: their counts, here.
+    monkeypatch.setattr(cleaning, "split_length", lambda name, split, root: MNIST_SIZES[split])
     monkeypatch.setattr(regularization, "optimize", never)  # LIBSVM: read, then the first step
     monkeypatch.setattr(bias_variance, "bias_variance_table", never)
     assert main(["hpo", *command.split(), "--out", str(tmp_path)]) == 2

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from fewshot.backbones import build_backbone
 from fewshot.cli.main import main
 from fewshot.methods import METHODS, Method
+from fewshot.methods.embedding import EmbeddingMethod
 from fewshot.methods.resplit import resplit_episodes
 from fewshot.runtime.io import load_checkpoint
 from fewshot.training.checkpoint import load_trained
@@ -129,10 +130,13 @@ def test_the_accuracy_of_real_episodes_is_a_fraction_per_episode(trained, omnigl
         (torch.zeros(2, 5, 4, 1, 28, 28), True, "shot must be an integer"),
         (torch.zeros(2, 5, 4, 1, 28, 28), 1.0, "shot must be an integer"),
         # 3 channels for a 1-channel model (a vmap or convolution error before); a 4-D tensor
-        # (reported as a way mismatch before); another image size; uint8 pixels; no tensor.
-        (torch.zeros(2, 5, 4, 3, 28, 28), 1, "images must be a float tensor [B, way, pool, 1, 28"),
-        (torch.zeros(20, 1, 28, 28), 1, "images must be a float tensor [B, way, pool, 1, 28, 28]"),
-        (torch.zeros(2, 5, 4, 1, 84, 84), 1, "images must be a float tensor"),
+        # (reported as a way mismatch before); another height, width; no class; uint8 pixels;
+        # no tensor. The wrong dimension is named in words.
+        (torch.zeros(2, 5, 4, 3, 28, 28), 1, "images expects 1 channel, got 3 (shape"),
+        (torch.zeros(20, 1, 28, 28), 1, "images expects 6 dimensions [B, way, pool, C, H, W]"),
+        (torch.zeros(2, 5, 4, 1, 84, 84), 1, "images expects height 28, got 84"),
+        (torch.zeros(2, 5, 4, 1, 28, 14), 1, "images expects width 28, got 14"),
+        (torch.zeros(2, 0, 4, 1, 28, 28), 1, "images expects at least 1 class, got 0"),
         (torch.zeros(2, 5, 4, 1, 28, 28, dtype=torch.uint8), 1, "images must be a float tensor"),
         ([[0.0]], 1, "images must be a float tensor [B, way, pool, 1, 28, 28] (support first"),
     ],
@@ -150,3 +154,33 @@ def test_accuracy_refuses_bad_episodes_in_one_line_naming_the_argument(
         assert str(shown) in text
     else:
         assert text.endswith(f"got {shot!r}")
+
+
+@pytest.mark.parametrize(
+    ("head", "options", "advice"),
+    [
+        ("protonet", {}, "the meta-training diverged: lower --lr"),
+        (
+            "ridge",
+            {},
+            "the meta-training diverged: lower --lr (the head's problem is scaled by "
+            "--head-options lam 50)",
+        ),
+        (
+            "ridge",
+            {"lam": 1e-30},
+            "the meta-training diverged; the head's problem is scaled by --head-options lam "
+            "1e-30 (outside its usual range 0.01 to 10000): bring lam into range, or lower --lr",
+        ),
+        (
+            "svm",
+            {"dual_ridge": 0.0},
+            "the meta-training diverged; the head's problem is scaled by --head-options C 0.1, "
+            "dual_ridge 0 (outside its usual range 0.001 to 100): bring dual_ridge into range, "
+            "or lower --lr",
+        ),
+    ],
+)
+def test_the_divergence_advice_names_the_heads_regularisation(head, options, advice):
+    model = EmbeddingMethod(build_backbone("conv4", 1, 28), head, options)
+    assert model.divergence_advice() == advice

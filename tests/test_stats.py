@@ -61,3 +61,10 @@ def test_seed_intervals_are_t_intervals():
     assert d.p_value == pytest.approx(stats.ttest_rel(other, values).pvalue)
     with pytest.raises(ValueError):
         seeds_ci([0.9])
+
+
+def test_paired_values_of_another_shape_are_named():
+    with pytest.raises(ValueError, match=r"paired values b expects 1 dimension \[episodes\]"):
+        paired_ci(torch.zeros(4), torch.zeros(2, 2))
+    with pytest.raises(ValueError, match="must be of one length, got 4 and 3 episodes"):
+        paired_ci(torch.zeros(4), torch.zeros(3))

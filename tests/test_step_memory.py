@@ -14,6 +14,7 @@ from fewshot.backbones.footprint import activation_elements
 from fewshot.cli.eval import EvalSettings
 from fewshot.cli.main import main
 from fewshot.datasets import REPO_DATA, load_split
+from fewshot.evaluation.episodes import evaluation_terms
 from fewshot.methods.embedding import EmbeddingMethod
 from fewshot.runtime.errors import FewshotError
 from fewshot.training.settings import make_config
@@ -78,13 +79,22 @@ def test_validation_drops_a_cache_that_does_not_fit_with_the_same_accuracy(
     memory_of, tiny_omniglot_root, tmp_path
 ):
     base = {"data_root": str(tiny_omniglot_root), "val_episodes": 6, "amp": "off"}
+    # Small episodes: the cache path's backbone on a whole embedding batch is what is largest.
+    base.update(query=1, episodes_per_batch=1)
     settings = make_config(None, {**base, "device": "cpu", "out": str(tmp_path / "a")})
     cached = make_trainer(settings)
     assert cached.val_cache
-    val_images = len(cached.val_data.labels)
-    # Room for a validation batch, not for the cached embeddings of the validation split.
-    batch = cached.method.memory_terms(8, 5, 16, 1, 1, False)
-    memory_of(sum(t.size for t in batch) + cached.method.cache_bytes(val_images) // 2)
+    # Room for a training step and a validation batch (of at most 6 episodes), not for the
+    # cached embeddings of the validation split with the backbone that embeds them.
+    shape, images = cached.val_shape, len(cached.val_data.labels)
+    need = {
+        cache: sum(t.size for t in evaluation_terms(cached.method, shape, 6, images, cache))
+        for cache in (False, True)
+    }
+    step = sum(t.size for t in cached.batches.memory_terms(cached.method, 1))
+    room = max(step, need[False])
+    assert need[True] > room
+    memory_of(room)
     torch.manual_seed(0)
     uncached = make_trainer(settings)
     assert not uncached.val_cache
@@ -99,7 +109,7 @@ def test_an_evaluation_whose_cache_cannot_fit_is_refused_naming_no_cache(memory_
     cache = 4 * len(split.labels) * method.backbone.out_dim
     memory_of(cache // 2)
     with pytest.raises(FewshotError, match="lower --no-cache") as error:
-        settings.accuracies(method, {}, split, torch.device("cpu"), cache=True)
+        settings.check_evaluation(method, split, torch.device("cpu"), cache=True)
     assert "the evaluation needs about" in str(error.value)
 
 

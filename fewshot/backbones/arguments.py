@@ -9,6 +9,8 @@ from typing import Any
 
 import torch
 
+from fewshot.runtime.shapes import shape_fault
+
 
 def require_int(owner: str, name: str, value: Any, low: int) -> None:
     """Refuse anything but an integer >= `low` (bool is not one), naming the argument."""
@@ -23,19 +25,17 @@ def require_bool(owner: str, name: str, value: Any) -> None:
 
 
 def require_images(owner: str, images: Any, channels: int, smallest: int) -> None:
-    """Refuse anything but float images [N, channels, H, W] with H and W >= `smallest`."""
-    if (
-        isinstance(images, torch.Tensor)
-        and images.is_floating_point()
-        and images.dim() == 4
-        and images.shape[1] == channels
-        and min(images.shape[2:]) >= smallest
-    ):
-        return
-    raise ValueError(
-        f"{owner} input must be float images [N, {channels}, H, W] with H, W >= {smallest}, "
-        f"got {describe_tensor(images)}"
-    )
+    """Refuse anything but float images [N, channels, H, W] with H and W >= `smallest`, naming
+    the wrong dimension in words (channels, height, width)."""
+    if not (isinstance(images, torch.Tensor) and images.is_floating_point()):
+        raise ValueError(
+            f"{owner} input must be float images [N, {channels}, H, W] with H, W >= {smallest}, "
+            f"got {describe_tensor(images)}"
+        )
+    sides = {"H": smallest, "W": smallest}
+    fault = shape_fault(images.shape, ("N", "C", "H", "W"), {"C": channels}, sides)
+    if fault:
+        raise ValueError(f"{owner} input {fault}")
 
 
 def describe_tensor(value: Any) -> str:

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import torch
 
-from fewshot.cli.eval import EpisodeSettings, method_label
+from fewshot.cli.eval import EpisodeSettings, method_label, result_identity
 from fewshot.evaluation.episodes import EvalResult
 from fewshot.evaluation.stats import Difference, paired_ci, paired_seeds_ci, seeds_ci
 from fewshot.runtime.device import resolve_device
-from fewshot.runtime.io import atomic_write_json, file_sha256, prepare_output, same_json
+from fewshot.runtime.io import atomic_write_json, file_sha256, json_differences, prepare_output
 from fewshot.runtime.settings import Command, SettingError, setting
-from fewshot.training.checkpoint import as_trained, checkpoint_file, load_trained
+from fewshot.training.checkpoint import checkpoint_file, load_trained
 
 
 def per_episode(settings: EpisodeSettings, paths: list[str]) -> tuple[str, list[torch.Tensor]]:
@@ -35,14 +35,15 @@ def per_episode(settings: EpisodeSettings, paths: list[str]) -> tuple[str, list[
     dataset = settings.dataset or trained_on.pop()
     caches = []
     for method, config in models:
-        settings.use_classifier(method, config)
+        settings.prepare(method, config)
         method.check_way(settings.way)
         caches.append(settings.cache_for(method, method_label(config)))
-    split = settings.episode_split(dataset, models[0][1], files[0])
     # Each model sees the images as it was trained to (its geometry, its normalisation).
-    splits = [
-        as_trained(config, split, path) for path, (_, config) in zip(files, models, strict=True)
-    ]
+    trained = [(config, path) for path, (_, config) in zip(files, models, strict=True)]
+    splits = settings.episode_splits(dataset, trained)
+    # Every model's evaluation checked before the first one's work.
+    for (method, _), data, cache in zip(models, splits, caches, strict=True):
+        settings.check_evaluation(method, data, device, cache)
     return dataset, [
         settings.accuracies(method, config, data, device, cache)
         for (method, config), data, cache in zip(models, splits, caches, strict=True)
@@ -51,7 +52,8 @@ def per_episode(settings: EpisodeSettings, paths: list[str]) -> tuple[str, list[
 
 def identity(settings: CompareSettings | CompareSeedsSettings) -> dict:
     """What a comparison is computed with: the episodes, how they are evaluated (precision,
-    cache), the models' paths and the hashes of their checkpoint files."""
+    cache), the models' paths and the hashes of their checkpoint files (the paths and the
+    cache recorded only: see `result_identity`)."""
     models = [settings.a, settings.b]
     paths = [p for arm in models for p in (arm if isinstance(arm, list) else [arm])]
     # The dataset only when asked for: the record names the one used (the models' by default).
@@ -73,7 +75,8 @@ def prepare_record(settings: CompareSettings | CompareSeedsSettings) -> Path | N
     unless --overwrite (the same comparison may be written again)."""
     if not settings.out:
         return None
-    return prepare_output(settings.out, settings.overwrite, same_json(identity(settings)))
+    differences = json_differences(result_identity(identity(settings)))
+    return prepare_output(settings.out, settings.overwrite, differences)
 
 
 def episodes_record(

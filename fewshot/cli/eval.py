@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -12,21 +13,22 @@ from fewshot.datasets import (
     FOLDER,
     channels_setting,
     check_data_options,
+    dataset_geometry,
     dataset_names,
     load_split,
     resize_setting,
 )
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.folder import describe_source
-from fewshot.datasets.sampler import EpisodeShape
-from fewshot.evaluation.episodes import EvalResult, episode_accuracies
+from fewshot.datasets.sampler import EpisodeShape, check_shape
+from fewshot.evaluation.episodes import EvalResult, episode_accuracies, evaluation_terms
 from fewshot.heads import CLASSIFIERS, TRANSDUCTIVE
 from fewshot.methods.base import Method
 from fewshot.methods.embedding import EmbeddingMethod
 from fewshot.runtime.device import device_setting, resolve_device
 from fewshot.runtime.errors import FewshotError
-from fewshot.runtime.io import atomic_write_json, file_sha256, prepare_output, same_json
-from fewshot.runtime.memory import MemoryTerm, check_memory
+from fewshot.runtime.io import atomic_write_json, file_sha256, json_differences, prepare_output
+from fewshot.runtime.memory import check_memory
 from fewshot.runtime.precision import amp_setting, precision_name
 from fewshot.runtime.settings import (
     Command,
@@ -36,7 +38,12 @@ from fewshot.runtime.settings import (
     seed_setting,
     setting,
 )
-from fewshot.training.checkpoint import as_trained, checkpoint_file, load_trained
+from fewshot.training.checkpoint import (
+    as_trained,
+    check_geometry,
+    checkpoint_file,
+    load_trained,
+)
 
 # The checkpoint's settings that decide how its method solves a test episode (the weights are
 # named by the checkpoint's hash): recorded with the result, and a rerun must match them.
@@ -48,6 +55,20 @@ METHOD_SETTINGS = (
     "head_options",
     "eval_head_options",
 )
+
+
+# What a result records but does not depend on: which path named the checkpoint (its hash is
+# the identity), and whether the embeddings were cached (exact either way).
+RECORDED_ONLY = ("checkpoint", "models", "cache")
+# The models shipped in the repository's models/: their results go to the user's results/.
+SHIPPED_MODELS = Path(__file__).resolve().parents[2] / "models"
+RESULTS = Path("results")
+
+
+def result_identity(record: dict) -> dict:
+    """The part of a result's record that decides the result (a rerun with the same identity
+    rewrites it in place)."""
+    return {key: value for key, value in record.items() if key not in RECORDED_ONLY}
 
 
 def method_label(config: dict) -> str:
@@ -113,9 +134,11 @@ class EpisodeSettings:
         """Whether the classifier also uses each episode's unlabelled queries."""
         return self.classifier in TRANSDUCTIVE
 
-    def use_classifier(self, method: Method, config: dict) -> None:
-        """Give an embedding method the --classifier (refused, before any data, for methods
+    def prepare(self, method: Method, config: dict) -> None:
+        """Give a trained method (of checkpoint settings `config`) this evaluation's precision,
+        whatever it was trained in, and the --classifier (refused, before any data, for methods
         that do not classify embeddings)."""
+        method.amp = self.amp
         if self.classifier is None:
             return
         if not isinstance(method, EmbeddingMethod):
@@ -155,22 +178,32 @@ class EpisodeSettings:
         the model's own data root for its own dataset (see `training_root`)."""
         return self.data_root if self.dataset else self.training_root(config)
 
-    def episode_split(self, dataset: str, config: dict, path: str | Path) -> ImageSplit:
-        """The split the episodes are drawn from. A folder data set is read at --resize and
-        --channels, by default at the geometry of checkpoint `path` (settings `config`), said
-        in one line where its first image has another (cross-domain evaluation); a built-in
-        dataset has its own."""
+    def episode_splits(self, dataset: str, trained: list[tuple[dict, Path]]) -> list[ImageSplit]:
+        """The split the episodes are drawn from, as each model (checkpoint settings, path)
+        sees it; the geometry every model expects is checked against the data's from metadata,
+        before any image is read. A folder data set is read at --resize and --channels, by
+        default at the first model's geometry, said in one line where its first image has
+        another (cross-domain evaluation); a built-in dataset has its own."""
+        config, path = trained[0]
         root, channels, side = self.evaluated_root(config), self.channels, self.resize
         if dataset == FOLDER:
             channels, side = channels or config["in_channels"], side or config["image_size"]
+        # A built-in dataset refuses --resize and --channels here.
+        geometry = dataset_geometry(dataset, root, self.split, side, channels)
+        for model, checkpoint in trained:
+            check_geometry(model, geometry, f"{dataset} split {self.split!r}", checkpoint)
+        if dataset == FOLDER:
             own = describe_source(Path(root), self.split)
             if own != f"{channels}x{side}x{side}":
                 print(
                     f"{root} {self.split}: its {own} images (the first's geometry) are read "
                     f"as {channels}x{side}x{side}, the geometry of {path}"
                 )
-        pool = self.shot + self.query  # a built-in dataset refuses --resize and --channels
-        return load_split(dataset, self.split, root, resize=side, channels=channels, per_class=pool)
+        pool = self.shot + self.query
+        split = load_split(
+            dataset, self.split, root, resize=side, channels=channels, per_class=pool
+        )
+        return [as_trained(model, split, checkpoint) for model, checkpoint in trained]
 
     @property
     def shape(self) -> EpisodeShape:
@@ -184,19 +217,22 @@ class EpisodeSettings:
             raise FewshotError(f"--cache does not apply to {name}: it adapts to every episode")
         return method.caches if self.cache is None else self.cache
 
+    def check_evaluation(
+        self, method: Method, split: ImageSplit, device: torch.device, cache: bool
+    ) -> None:
+        """Refuse, before any work, episodes that `split` cannot give (from its labels), then
+        an evaluation whose memory cannot fit, estimated on the batches that will run (never
+        more episodes than --episodes) with the cache on or off."""
+        check_shape(split.labels, self.shape, split.source)
+        terms = evaluation_terms(method, self.shape, self.episodes, len(split.labels), cache)
+        if terms:
+            check_memory(terms, device, "the evaluation")
+
     def accuracies(
         self, method: Method, config: dict, split: ImageSplit, device: torch.device, cache: bool
     ) -> torch.Tensor:
-        """Per-episode accuracies of a trained method (of checkpoint settings `config`) on these
-        episodes, in this evaluation's precision (whatever it was trained in), with its
-        --classifier, once their memory is known to fit."""
-        method.amp = self.amp
-        pool = self.shot + self.query
-        terms = method.memory_terms(self.episodes_per_batch, self.way, pool, self.shot, 1, False)
-        if terms:
-            cached = method.cache_bytes(len(split.labels)) if cache else 0
-            what = f"the cached embeddings of {len(split.labels)} images"
-            check_memory([*terms, MemoryTerm(cached, what, "--no-cache")], device, "the evaluation")
+        """Per-episode accuracies of a prepared method (of checkpoint settings `config`, see
+        `prepare`) on these episodes, once `check_evaluation` has passed."""
         center = self.base_center(method, config, device)
         if center is not None:
             method.head_options["center"] = center
@@ -214,12 +250,29 @@ class EvalSettings(EpisodeSettings):
     per_episode: bool = setting(False, help="also write every episode's accuracy to the JSON")
     overwrite: bool = setting(False, help="replace a result of other settings at the --out path")
 
-    def result_path(self, checkpoint: Path, dataset: str) -> Path:
-        """Where the JSON result goes (`dataset`: its name, or folder-NAME for a folder)."""
+    def result_path(self, checkpoint: Path, dataset: str, record: dict) -> Path:
+        """Where the JSON result goes: --out, or a name made of what decides the result
+        (`dataset`: its name, or folder-NAME for a folder; a digest of the rest of `record`)
+        beside the checkpoint, or in results/ for a model shipped in models/."""
         if self.out:
             return Path(self.out)
-        name = f"eval_{dataset}_{self.split}_{self.way}w{self.shot}s_seed{self.seed}.json"
-        return checkpoint.with_name(name)
+        identity = json.dumps(result_identity(record), sort_keys=True)
+        digest = hashlib.sha256(identity.encode()).hexdigest()[:8]
+        parts = [
+            "eval",
+            dataset,
+            self.split,
+            f"{self.way}w{self.shot}s{self.query}q",
+            f"{self.episodes}ep",
+            f"seed{self.seed}",
+            *([self.classifier] if self.classifier else []),
+            record["precision"],
+            digest,
+        ]
+        folder = checkpoint.parent
+        if checkpoint.resolve().is_relative_to(SHIPPED_MODELS):
+            folder = RESULTS / folder.name / checkpoint.stem
+        return folder / ("_".join(parts) + ".json")
 
 
 def run_eval(settings: EvalSettings) -> EvalResult:
@@ -228,7 +281,7 @@ def run_eval(settings: EvalSettings) -> EvalResult:
     checkpoint = checkpoint_file(settings.checkpoint)
     method, config = load_trained(checkpoint, device)
     dataset = settings.dataset or config["dataset"]
-    settings.use_classifier(method, config)
+    settings.prepare(method, config)
     # Everything the result depends on (the episodes per batch does not: see EPISODE_BLOCK).
     record = {"checkpoint": str(checkpoint), "checkpoint_sha256": file_sha256(checkpoint)}
     method_settings = {key: config[key] for key in METHOD_SETTINGS if key in config}
@@ -249,19 +302,20 @@ def run_eval(settings: EvalSettings) -> EvalResult:
     record.update(episodes=settings.episodes, way=settings.way, shot=settings.shot)
     record.update(query=settings.query, seed=settings.seed)
     # Before the work: a result of other settings is kept unless --overwrite.
-    out = prepare_output(
-        settings.result_path(checkpoint, label), settings.overwrite, same_json(record)
-    )
+    path = settings.result_path(checkpoint, label, record)
+    out = prepare_output(path, settings.overwrite, json_differences(result_identity(record)))
     method.check_way(settings.way)
-    split = as_trained(config, settings.episode_split(dataset, config, checkpoint), checkpoint)
+    [split] = settings.episode_splits(dataset, [(config, checkpoint)])
+    settings.check_evaluation(method, split, device, cache)
     record["dataset_fingerprint"] = split.fingerprint()
     accuracies = settings.accuracies(method, config, split, device, cache)
     result = EvalResult.of(accuracies, settings.shape, settings.seed)
-    print(result.line())
     record.update(asdict(result))
     if settings.per_episode:
         record["accuracies"] = accuracies.tolist()
     atomic_write_json(record, out)
+    print(f"result in {path}")
+    print(result.line())
     return result
 
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.shapes import shape_fault
 
 # torchvision's rgb_to_grayscale weights (ITU-R 601-2 luma).
 GRAY_WEIGHTS = (0.2989, 0.587, 0.114)
@@ -119,12 +120,15 @@ class TrainAugment:
 
     def __call__(self, images: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """Augment and normalise one batch."""
-        n, _, h, w = images.shape
-        if images.dtype != torch.uint8 or (h, w) != (self.image_size, self.image_size):
+        side = self.image_size
+        if images.dtype != torch.uint8:
             raise FewshotError(
-                f"augmentation expects uint8 [N, C, {self.image_size}, {self.image_size}], "
-                f"got {images.dtype} {tuple(images.shape)}"
+                f"augmentation expects uint8 images [N, C, {side}, {side}], got {images.dtype}"
             )
+        fault = shape_fault(images.shape, ("N", "C", "H", "W"), {"H": side, "W": side})
+        if fault:
+            raise FewshotError(f"augmentation {fault}")
+        n = len(images)
         device, gen_device = images.device, generator.device
         offsets = torch.randint(
             0, 2 * self.padding + 1, (n, 2), generator=generator, device=gen_device

@@ -80,10 +80,10 @@ def _find_idx(folders: list[Path], stem: str) -> Path:
     )
 
 
-def read_mnist_like(
-    data_root: Path, folder: str, torchvision_folder: str, split: str, class_names: list[str]
-) -> ImageSplit:
-    """Read the train or test split of an MNIST-format dataset stored in data_root/folder."""
+def _idx_paths(
+    data_root: Path, folder: str, torchvision_folder: str, split: str
+) -> tuple[Path, Path]:
+    """The images and labels files of the train or test split of an MNIST-format dataset."""
     if split not in SPLITS:
         raise FewshotError(f"unknown split {split!r}; choose from {', '.join(SPLITS)}")
     folders = [
@@ -92,8 +92,41 @@ def read_mnist_like(
         data_root / torchvision_folder / "raw",
     ]
     prefix = "train" if split == "train" else "t10k"
-    image_path = _find_idx(folders, f"{prefix}-images-idx3-ubyte")
-    label_path = _find_idx(folders, f"{prefix}-labels-idx1-ubyte")
+    return (
+        _find_idx(folders, f"{prefix}-images-idx3-ubyte"),
+        _find_idx(folders, f"{prefix}-labels-idx1-ubyte"),
+    )
+
+
+def idx_length(path: Path) -> int:
+    """The first dimension an IDX file's header declares (its number of examples), read from
+    the header alone; the reader checks it against the data."""
+    try:
+        with (gzip.open if _is_gzip(path) else open)(path, "rb") as f:
+            header = f.read(8)
+    except (OSError, EOFError, zlib.error) as e:
+        raise FewshotError(f"corrupt IDX file {path}: {e}") from None
+    if len(header) < 8 or header[:2] != b"\x00\x00" or header[3] < 1:
+        raise FewshotError(f"corrupt IDX file {path}: bad header {header.hex()}")
+    return struct.unpack(">I", header[4:8])[0]
+
+
+def _is_gzip(path: Path) -> bool:
+    """Whether a file starts with the gzip magic number."""
+    with open(path, "rb") as f:
+        return f.read(2) == b"\x1f\x8b"
+
+
+def mnist_like_length(data_root: Path, folder: str, torchvision_folder: str, split: str) -> int:
+    """The number of images of a split of an MNIST-format dataset, from its header alone."""
+    return idx_length(_idx_paths(data_root, folder, torchvision_folder, split)[0])
+
+
+def read_mnist_like(
+    data_root: Path, folder: str, torchvision_folder: str, split: str, class_names: list[str]
+) -> ImageSplit:
+    """Read the train or test split of an MNIST-format dataset stored in data_root/folder."""
+    image_path, label_path = _idx_paths(data_root, folder, torchvision_folder, split)
     images, labels = read_idx(image_path), read_idx(label_path)
     if images.ndim != 3 or images.dtype != np.uint8:
         raise FewshotError(f"{image_path}: expected uint8 images [N, H, W], got {images.shape}")
@@ -125,3 +158,13 @@ def read_mnist(data_root: Path, split: str) -> ImageSplit:
 def read_fashion_mnist(data_root: Path, split: str) -> ImageSplit:
     """Fashion-MNIST from data_root/fashion_mnist (or data_root/FashionMNIST/raw)."""
     return read_mnist_like(data_root, "fashion_mnist", "FashionMNIST", split, FASHION_CLASSES)
+
+
+def mnist_length(data_root: Path, split: str) -> int:
+    """The images of a split of MNIST, from its header."""
+    return mnist_like_length(data_root, "mnist", "MNIST", split)
+
+
+def fashion_mnist_length(data_root: Path, split: str) -> int:
+    """The images of a split of Fashion-MNIST, from its header."""
+    return mnist_like_length(data_root, "fashion_mnist", "FashionMNIST", split)

@@ -24,6 +24,28 @@ class EpisodeShape:
         return self.shot + self.query
 
 
+def check_shape(labels: torch.Tensor, shape: EpisodeShape, source: str = "") -> torch.Tensor:
+    """Refuse episodes that the split of these labels (named `source`) cannot give: more
+    classes than it has, or more images per class than its smallest class holds. Costs what
+    the labels cost, whatever the shape, so it runs before anything is sized by the episodes;
+    returns the size of every class."""
+    if min(shape.way, shape.shot, shape.episodes_per_batch) < 1 or shape.query < 0:
+        raise ValueError(f"an episode shape needs way, shot and batch >= 1: {shape}")
+    counts = torch.bincount(labels.long().cpu())
+    where = f" in {source}" if source else ""
+    if shape.way > len(counts):
+        raise FewshotError(
+            f"{shape.way}-way episodes need {shape.way} classes, {len(counts)}{where}"
+        )
+    smallest = int(counts.argmin())
+    if shape.pool > counts[smallest]:
+        raise FewshotError(
+            f"shot + query = {shape.pool} images per class, but class {smallest}{where} has "
+            f"only {int(counts[smallest])}"
+        )
+    return counts
+
+
 class EpisodeSampler:
     """Draws batches of episodes as indices [B, way, shot+query]; the first `shot` are support.
 
@@ -33,21 +55,8 @@ class EpisodeSampler:
 
     def __init__(self, labels: torch.Tensor, shape: EpisodeShape, seed: int, source: str = ""):
         labels = labels.long().cpu()
-        counts = torch.bincount(labels)
+        counts = check_shape(labels, shape, source)
         num_classes = len(counts)
-        if min(shape.way, shape.shot, shape.episodes_per_batch) < 1 or shape.query < 0:
-            raise ValueError(f"an episode shape needs way, shot and batch >= 1: {shape}")
-        where = f" in {source}" if source else ""
-        if shape.way > num_classes:
-            raise FewshotError(
-                f"{shape.way}-way episodes need {shape.way} classes, {num_classes}{where}"
-            )
-        smallest = int(counts.argmin())
-        if shape.pool > counts[smallest]:
-            raise FewshotError(
-                f"shot + query = {shape.pool} images per class, but class {smallest}{where} has "
-                f"only {int(counts[smallest])}"
-            )
         self.shape = shape
         order = torch.argsort(labels, stable=True)
         # table[c, j] = index of the j-th image of class c (padded with -1 for smaller classes)

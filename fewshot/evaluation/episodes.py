@@ -13,6 +13,7 @@ from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeSampler, EpisodeShape
 from fewshot.evaluation.stats import ci95
 from fewshot.methods.base import Method
+from fewshot.runtime.memory import MemoryTerm
 from fewshot.runtime.signals import Stop, check_stop
 
 # Seeded episodes are drawn from their stream in blocks of this many, whatever the episodes per
@@ -68,6 +69,16 @@ def _rebatched(sampler: EpisodeSampler, batch: int, episodes: int) -> Iterator[t
         drawn = torch.cat(pending)
         yield drawn[:size]
         pending, held = [drawn[size:]], held - size
+
+
+def evaluation_terms(
+    method: Method, shape: EpisodeShape, episodes: int, images: int, cache: bool
+) -> list[MemoryTerm]:
+    """Lower bounds of evaluating `episodes` episodes of `shape` on a split of `images` images,
+    on the shapes that will run: batches of at most `episodes` episodes (see `_rebatched`),
+    and the method's cache where `cache` is on."""
+    batch = min(shape.episodes_per_batch, episodes)
+    return method.evaluation_terms(batch, shape.way, shape.pool, shape.shot, images, cache)
 
 
 def episode_accuracies(

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from fewshot.runtime.shapes import shape_fault
+
 
 def ci95(accuracies: torch.Tensor) -> float:
     """Half-width of the 95% CI of the mean: 1.96 * s / sqrt(n), s with ddof=1."""
@@ -37,10 +39,12 @@ class Difference:
 def paired_ci(a: torch.Tensor, b: torch.Tensor) -> Difference:
     """b - a per episode (same seeded episodes): mean ± 1.96 s / sqrt(n) (ddof=1, as `ci95`)
     and the paired t-test's p-value."""
-    if a.shape != b.shape or a.dim() != 1:
-        raise ValueError(
-            f"paired values must be two vectors of one length, got {a.shape}, {b.shape}"
-        )
+    for name, values in (("a", a), ("b", b)):
+        fault = shape_fault(values.shape, ("episodes",))
+        if fault:
+            raise ValueError(f"paired values {name} {fault}: one value per episode")
+    if len(a) != len(b):
+        raise ValueError(f"paired values must be of one length, got {len(a)} and {len(b)} episodes")
     diff = b.double() - a.double()
     return Difference(float(diff.mean()), ci95(diff), _paired_t_p(a, b), len(diff), "paired t-test")
 

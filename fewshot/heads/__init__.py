@@ -27,14 +27,27 @@ CLASSIFIERS: dict[str, Head] = {
     "tim": tim,
     "pt-map": pt_map,
 }
+# The options that regularise each head's problem, with the ranges they usually take
+# (MetaOptNet: ridge lam 50, SVM C 0.1 with a dual ridge of 1), widened: outside them, a value
+# is named as the likely cause of a diverged training.
+REGULARISATION: dict[str, dict[str, tuple[float, float]]] = {
+    "ridge": {"lam": (1e-2, 1e4)},
+    "svm": {"C": (1e-3, 1e2), "dual_ridge": (1e-3, 1e2)},
+}
 # The classifiers that also use each episode's unlabelled queries (a separate protocol: results
 # say so).
 TRANSDUCTIVE: frozenset[str] = frozenset({"bd-cspn", "tim", "pt-map"})
 
 
 def check_head(name: str, way: int, shot: int, options: dict) -> None:
-    """Run a head once on a tiny episode of this shape: its own checks (one-line
-    FewshotErrors) refuse options and shapes it cannot take, before any data is read."""
+    """Run a head once on a tiny episode like this shape: its own checks (one-line
+    FewshotErrors) refuse options and shapes it cannot take, before any data is read.
+
+    The episode is at most 2-way (the heads' only limit on the shape: SVM needs two classes)
+    and 1-shot, so its cost does not grow with the settings: checking a million-way run must
+    not allocate a million-way episode before the data has ruled that way out.
+    """
+    way, shot = min(way, 2), min(shot, 1)
     support = torch.eye(way * shot).unsqueeze(0)  # independent features: any kernel is regular
     labels = torch.arange(way).repeat_interleave(shot).unsqueeze(0)
     HEADS[name](support[:, :1], support, labels, way, shot, **options)
@@ -50,6 +63,7 @@ def get_head(name: str) -> Head:
 __all__ = [
     "CLASSIFIERS",
     "HEADS",
+    "REGULARISATION",
     "TRANSDUCTIVE",
     "Head",
     "bd_cspn",

@@ -17,6 +17,7 @@ from fewshot.heads.episode_inputs import check_query, support_one_hot
 from fewshot.heads.logistic import logistic
 from fewshot.heads.protonet import protonet
 from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.shapes import shape_fault
 
 FINETUNE_CLASSIFIERS = ("linear", "cosine")
 
@@ -43,11 +44,14 @@ def centroid(
         return protonet(query, support, support_labels, way, shot)
     if center is None:
         raise FewshotError("centroid cl2n=True needs center: the base-class mean feature [dim]")
-    if not isinstance(center, torch.Tensor) or center.shape != support.shape[2:]:
-        shape = tuple(center.shape) if isinstance(center, torch.Tensor) else type(center).__name__
+    if not isinstance(center, torch.Tensor):
         raise FewshotError(
-            f"centroid center must be a tensor [dim] = [{support.shape[2]}], got {shape}"
+            f"centroid center must be a tensor [dim] = [{support.shape[2]}], got a "
+            f"{type(center).__name__}"
         )
+    fault = shape_fault(center.shape, ("dim",), {"dim": support.shape[2]})
+    if fault:
+        raise FewshotError(f"centroid center {fault}, as the support features")
     center = center.to(device=support.device, dtype=support.dtype)
     support = F.normalize(support - center, dim=2)
     query = F.normalize(query - center, dim=2)

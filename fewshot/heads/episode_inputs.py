@@ -5,22 +5,27 @@ from __future__ import annotations
 import torch
 
 from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.shapes import shape_fault
 
 
 def support_one_hot(
     support: torch.Tensor, support_labels: torch.Tensor, way: int, shot: int
 ) -> torch.Tensor:
     """Check support[B, ns, d] and labels[B, ns]; return the labels one-hot [B, ns, way]."""
-    if support.dim() != 3 or not support.is_floating_point():
+    if not support.is_floating_point():
         raise FewshotError(
             f"support must be a float tensor [episodes, samples, dim], got {support.dtype} "
             f"of shape {tuple(support.shape)}"
         )
-    if support_labels.shape != support.shape[:2]:
-        raise FewshotError(
-            f"support_labels shape {tuple(support_labels.shape)} must be [episodes, samples] = "
-            f"{tuple(support.shape[:2])}"
-        )
+    fault = shape_fault(support.shape, ("episodes", "samples", "dim"))
+    if fault:
+        raise FewshotError(f"support {fault}")
+    episodes, samples = support.shape[:2]
+    fault = shape_fault(
+        support_labels.shape, ("episodes", "samples"), {"episodes": episodes, "samples": samples}
+    )
+    if fault:
+        raise FewshotError(f"support_labels {fault}, one label per support sample")
     if support_labels.is_floating_point() or support_labels.dtype == torch.bool:
         raise FewshotError(f"support_labels must be integer class ids, got {support_labels.dtype}")
     if way < 1 or shot < 1 or support.shape[1] != way * shot:
@@ -40,13 +45,10 @@ def support_one_hot(
 
 def check_query(query: torch.Tensor, support: torch.Tensor) -> None:
     """Check that query[B, nq, d] matches support[B, ns, d] in episodes, dim and dtype."""
-    if (
-        query.dim() != 3
-        or query.shape[0] != support.shape[0]
-        or query.shape[2] != support.shape[2]
-        or query.dtype != support.dtype
-    ):
-        raise FewshotError(
-            f"query {query.dtype} {tuple(query.shape)} must be [episodes, queries, dim] with the "
-            f"episodes, dim and dtype of support {support.dtype} {tuple(support.shape)}"
-        )
+    episodes, _, dim = support.shape
+    layout = ("episodes", "queries", "dim")
+    fault = shape_fault(query.shape, layout, {"episodes": episodes, "dim": dim})
+    if fault:
+        raise FewshotError(f"query {fault}, as support {tuple(support.shape)}")
+    if query.dtype != support.dtype:
+        raise FewshotError(f"query is {query.dtype}, support {support.dtype}: they must match")

@@ -13,6 +13,7 @@ from fewshot.backbones.arguments import describe_tensor
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import images_to_device
 from fewshot.runtime.memory import MemoryTerm
+from fewshot.runtime.shapes import shape_fault
 from fewshot.runtime.signals import Stop
 
 # index [B, way, pool] of a split's images -> query accuracy of each episode [B]
@@ -21,26 +22,43 @@ EpisodeSolver = Callable[[torch.Tensor], torch.Tensor]
 
 def check_episodes(owner: str, images: Any, shot: Any, backbone: nn.Module) -> None:
     """Refuse test episodes other than float images [B, way, pool, C, H, W] of the backbone's
-    channels and size with 1 <= shot < pool, in one line naming the argument (a library call's
-    ValueError: the command line checks its settings before any data is read)."""
+    channels and size with 1 <= shot < pool, in one line naming the argument and the wrong
+    dimension in words (a library call's ValueError: the command line checks its settings
+    before any data is read)."""
     c, size = backbone.in_channels, backbone.image_size
-    if not (
-        isinstance(images, torch.Tensor)
-        and images.is_floating_point()
-        and images.dim() == 6
-        and images.shape[3:] == (c, size, size)
-        and min(images.shape[:3]) >= 1
-    ):
+    if not (isinstance(images, torch.Tensor) and images.is_floating_point()):
         raise ValueError(
             f"{owner} images must be a float tensor [B, way, pool, {c}, {size}, {size}] "
             f"(support first in each class's pool), got {describe_tensor(images)}"
         )
+    layout = ("B", "way", "pool", "C", "H", "W")
+    fault = shape_fault(
+        images.shape, layout, {"C": c, "H": size, "W": size}, dict.fromkeys(layout[:3], 1)
+    )
+    if fault:
+        raise ValueError(f"{owner} images {fault}")
     pool = images.shape[2]
     if not isinstance(shot, int) or isinstance(shot, bool) or not 1 <= shot < pool:
         raise ValueError(
             f"{owner} shot must be an integer with 1 <= shot < pool = {pool} (the rest of each "
             f"class's pool are its queries), got {shot!r}"
         )
+
+
+def describe_scales(
+    flag: str, values: dict[str, float], usual: dict[str, tuple[float, float]]
+) -> tuple[str, list[str]]:
+    """('--flag a 0.1, b 1e+30 (outside its usual range 0.01 to 100)', ['b']): every setting
+    that scales a problem with its value, and those outside their usual range (`usual`)."""
+    parts, unusual = [], []
+    for name, value in values.items():
+        low, high = usual[name]
+        if low <= value <= high:
+            parts.append(f"{name} {value:g}")
+        else:
+            unusual.append(name)
+            parts.append(f"{name} {value:g} (outside its usual range {low:g} to {high:g})")
+    return f"{flag} {', '.join(parts)}", unusual
 
 
 class Method(nn.Module):
@@ -66,6 +84,14 @@ class Method(nn.Module):
         """Lower bounds of what one batch of `episodes` holds on the method's device, part by
         part, each with the setting that shrinks it ([]: no estimate, nothing is checked)."""
         return []
+
+    def evaluation_terms(
+        self, episodes: int, way: int, pool: int, shot: int, images: int, cache: bool
+    ) -> list[MemoryTerm]:
+        """Lower bounds of evaluating batches of `episodes` test episodes drawn from a split of
+        `images` images, with the method's cache (`cache`) or without: by default those of
+        one batch in inference."""
+        return self.memory_terms(episodes, way, pool, shot, 1, False)
 
     def cache_bytes(self, images: int) -> int:
         """What the evaluation cache keeps for a split of `images` images (0: no cache)."""

@@ -35,14 +35,15 @@ class ComparisonMethod(EmbeddingMethod):
         self.loss = loss
         self.scale.requires_grad_(False)  # the comparison's own output is the logit
 
-    def memory_terms(
-        self, episodes: int, way: int, pool: int, shot: int, resplits: int, training: bool
+    def head_terms(
+        self, episodes: int, way: int, pool: int, shot: int, resplits: int
     ) -> list[MemoryTerm]:
-        """The embedding method's terms, and what the comparison module holds per (query,
-        class) pair and re-split (its `pair_bytes`: Relation Networks' pair maps)."""
-        terms = super().memory_terms(episodes, way, pool, shot, resplits, training)
+        """The embedding method's head terms, and what the comparison module holds per
+        (query, class) pair and re-split (its `pair_bytes`: Relation Networks' pair maps)."""
+        terms = super().head_terms(episodes, way, pool, shot, resplits)
         pairs = resplits * episodes * way * (pool - shot) * way
         size = self.comparator.pair_bytes * pairs
         if size:
-            terms.append(MemoryTerm(size, f"the comparison of {pairs} pairs", "--resplits"))
+            lower = "--resplits" if resplits > 1 else "--episodes-per-batch"
+            terms.append(MemoryTerm(size, f"the comparison of {pairs} pairs", lower))
         return terms

@@ -7,6 +7,8 @@ episodes index the embeddings of every image computed once (exact with BatchNorm
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 
@@ -14,13 +16,15 @@ from fewshot.backbones import build_backbone
 from fewshot.backbones.footprint import activation_elements
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import images_to_device
-from fewshot.heads import CLASSIFIERS, HEADS
-from fewshot.methods.base import EpisodeSolver, Method, check_episodes
+from fewshot.heads import CLASSIFIERS, HEADS, REGULARISATION
+from fewshot.methods.base import EpisodeSolver, Method, check_episodes, describe_scales
 from fewshot.methods.resplit import episode_loss
 from fewshot.runtime.memory import MemoryTerm
 from fewshot.runtime.precision import autocast_dtype
 from fewshot.runtime.signals import Stop, check_stop
 
+# Images per backbone call when the evaluation cache embeds a whole split.
+EMBED_BATCH = 512
 # The learned scale's starting value per head: Meta-Baseline's cosine logits start at 10
 # (cosines alone are too flat for a softmax); the distance heads start at 1.
 INITIAL_SCALES = {"cosine": 10.0}
@@ -90,6 +94,22 @@ class EmbeddingMethod(Method):
         embeddings = self.embed(images.flatten(0, 2)).view(b, way, pool, -1)
         return episode_loss(embeddings, self.head, self.scale, shot)[1]
 
+    def divergence_advice(self) -> str:
+        """The meta-training, naming the options that regularise the head's problem (ridge,
+        SVM) with their values, and those outside their usual range."""
+        usual = REGULARISATION.get(self.head_name)
+        if usual is None:
+            return super().divergence_advice()
+        defaults = inspect.signature(self.head_fn).parameters
+        values = {name: self.head_options.get(name, defaults[name].default) for name in usual}
+        scales, unusual = describe_scales("--head-options", values, usual)
+        if unusual:
+            return (
+                f"the meta-training diverged; the head's problem is scaled by {scales}: bring "
+                f"{' and '.join(unusual)} into range, or lower --lr"
+            )
+        return f"the meta-training diverged: lower --lr (the head's problem is scaled by {scales})"
+
     def backbone_term(self, images: int, training: bool, lower: str) -> MemoryTerm:
         """The backbone's activations on `images` images (all its layers' outputs in
         training, the largest in inference), shrunk by the setting `lower`."""
@@ -102,13 +122,35 @@ class EmbeddingMethod(Method):
     def memory_terms(
         self, episodes: int, way: int, pool: int, shot: int, resplits: int, training: bool
     ) -> list[MemoryTerm]:
-        """The backbone's activations of the batch's images and the U re-splits' gathered
-        embeddings."""
+        """The backbone's activations of the batch's images, then the head's terms."""
         images = episodes * way * pool
-        gathered = 4 * resplits * images * self.backbone.out_dim
         return [
             self.backbone_term(images, training, "--episodes-per-batch"),
-            MemoryTerm(gathered, f"{resplits} re-split(s) of their embeddings", "--resplits"),
+            *self.head_terms(episodes, way, pool, shot, resplits),
+        ]
+
+    def head_terms(
+        self, episodes: int, way: int, pool: int, shot: int, resplits: int
+    ) -> list[MemoryTerm]:
+        """What the head problems of a batch hold besides the backbone: the U re-splits'
+        gathered embeddings (shrunk by --resplits where U > 1, else by the batch)."""
+        gathered = 4 * resplits * episodes * way * pool * self.backbone.out_dim
+        lower = "--resplits" if resplits > 1 else "--episodes-per-batch"
+        return [MemoryTerm(gathered, f"{resplits} re-split(s) of their embeddings", lower)]
+
+    def evaluation_terms(
+        self, episodes: int, way: int, pool: int, shot: int, images: int, cache: bool
+    ) -> list[MemoryTerm]:
+        """With the cache: the backbone on one embedding batch of the split, the cached
+        embeddings of its `images` images and the head's terms (no backbone per episode)."""
+        if not cache:
+            return super().evaluation_terms(episodes, way, pool, shot, images, cache)
+        return [
+            self.backbone_term(min(EMBED_BATCH, images), False, None),
+            MemoryTerm(
+                self.cache_bytes(images), f"the cached embeddings of {images} images", "--no-cache"
+            ),
+            *self.head_terms(episodes, way, pool, shot, 1),
         ]
 
     def cache_bytes(self, images: int) -> int:
@@ -117,7 +159,11 @@ class EmbeddingMethod(Method):
 
     @torch.no_grad()
     def embed_split(
-        self, split: ImageSplit, device: torch.device, batch: int = 512, stop: Stop | None = None
+        self,
+        split: ImageSplit,
+        device: torch.device,
+        batch: int = EMBED_BATCH,
+        stop: Stop | None = None,
     ) -> torch.Tensor:
         """Embeddings [N, d] of every image of the split (computed once, batched)."""
         chunks = []

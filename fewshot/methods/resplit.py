@@ -19,9 +19,19 @@ import torch.nn.functional as F
 Head = Callable[..., torch.Tensor]
 
 
-def distinct_resplits(way: int, shot: int, query: int) -> int:
-    """Number of distinct support/query re-splits of one episode: C(shot+query, shot)^way."""
-    return math.comb(shot + query, shot) ** way
+def distinct_resplits(way: int, shot: int, query: int, at_most: int | None = None) -> int:
+    """Number of distinct support/query re-splits of one episode: C(shot+query, shot)^way;
+    with `at_most`, the smaller of it and `at_most`, in time bounded by `at_most` whatever the
+    way (a million-way power would take seconds and gigabytes)."""
+    per_class = math.comb(shot + query, shot)
+    if at_most is None or per_class == 1:
+        return per_class**way
+    total = 1
+    for _ in range(way):
+        total *= per_class
+        if total >= at_most:
+            return at_most
+    return total
 
 
 def draw_resplits(
@@ -34,9 +44,10 @@ def draw_resplits(
     redraw collides with probability < 1/4); otherwise U - 1 distinct re-split numbers are drawn
     at once and decoded.
     """
-    if not 1 <= u <= distinct_resplits(way, shot, query):
+    available = distinct_resplits(way, shot, query, at_most=4 * u)
+    if not 1 <= u <= available:
         raise ValueError(f"U = {u} is not between 1 and the episode's distinct re-splits")
-    if 4 * u > distinct_resplits(way, shot, query):
+    if 4 * u > available:
         return _enumerated_resplits(batch, way, shot, query, u, generator)
     pool = shot + query
     perm = torch.rand(u, batch, way, pool, generator=generator).argsort(dim=-1)

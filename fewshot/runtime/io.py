@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import json
@@ -16,6 +17,7 @@ from typing import Any
 import torch
 
 from fewshot.runtime.errors import FewshotError, summary
+from fewshot.runtime.file_kinds import kernel_folder_refusal, non_regular_kind
 
 
 def _umask() -> int:
@@ -27,11 +29,16 @@ def _umask() -> int:
 
 def _destination(path: Path) -> Path:
     """The file a write to `path` replaces: a symlink's target (the link itself is kept); a
-    folder, device node or other non-regular file is refused."""
+    folder, device node or other non-regular file (a kernel file of /proc among them) is
+    refused."""
     target = path.resolve() if path.is_symlink() else path
-    if target.exists() and not target.is_file():
-        what = "a folder" if target.is_dir() else "not a regular file (a device node?)"
+    kind = non_regular_kind(target)
+    if kind:
+        what = kind if kind == "a folder" else f"not a regular file ({kind})"
         raise FewshotError(f"cannot write {path}: it is {what}; name a file")
+    refusal = None if target.exists() else kernel_folder_refusal(target)
+    if refusal:
+        raise FewshotError(f"cannot write {path}: {refusal}; name a file elsewhere")
     return target
 
 
@@ -99,11 +106,16 @@ def atomic_write_json(obj: Any, path: str | os.PathLike) -> None:
 
 
 def check_writable(path: str | os.PathLike) -> None:
-    """Fail now if `path` could not be written later (its folder made if needed)."""
+    """Fail now if `path` could not be written later (its folder made then if needed: a check
+    that refuses leaves nothing behind, so the nearest existing folder above is probed)."""
     path = _destination(Path(path))
+    folder = path.parent
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, probe = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        if not folder.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, f"{folder} is not a folder")
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
@@ -111,29 +123,53 @@ def check_writable(path: str | os.PathLike) -> None:
 
 
 def prepare_output(
-    path: str | os.PathLike, overwrite: bool, same: Callable[[Path], bool] | None = None
+    path: str | os.PathLike,
+    overwrite: bool,
+    differences: Callable[[Path], list[str]] | None = None,
 ) -> Path:
     """Check a command's output before its work: writable, a file (a symlink is followed), and
-    an existing file kept unless `overwrite` or `same(file)` says it holds this very result."""
+    an existing file kept unless `overwrite` or `differences(file)` finds that it holds this
+    very result (an empty list; otherwise what differs, named in the refusal)."""
     path = Path(path)
     target = _destination(path)
-    if target.exists() and not overwrite and not (same is not None and same(target)):
-        raise FewshotError(f"{path} already holds another result; pass --overwrite to replace it")
+    if target.exists() and not overwrite:
+        differ = ["another file"] if differences is None else differences(target)
+        if differ:
+            raise FewshotError(
+                f"{path} already holds another result ({'; '.join(differ)}); "
+                "pass --overwrite to replace it"
+            )
     check_writable(target)
     return target
 
 
-def same_json(record: dict) -> Callable[[Path], bool]:
-    """For `prepare_output`: whether a file is a JSON object holding `record`'s values."""
+def describe_differences(old: dict, new: dict) -> list[str]:
+    """'key: old there, new here' for every key of `new` whose value `old` holds otherwise
+    (values compared as they read back from JSON; long values named by their key only)."""
+    new = json.loads(json.dumps(new))
+    lines = []
+    for key, value in new.items():
+        if key in old and old[key] == value:
+            continue
+        there, here = json.dumps(old.get(key)), json.dumps(value)
+        short = len(there) + len(here) <= 60
+        lines.append(f"{key}: {there} there, {here} here" if short else f"{key} differs")
+    return lines
 
-    def holds(path: Path) -> bool:
+
+def json_differences(record: dict) -> Callable[[Path], list[str]]:
+    """For `prepare_output`: how the JSON object in a file differs from `record`."""
+
+    def differences(path: Path) -> list[str]:
         try:
             old = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-            return False
-        return isinstance(old, dict) and all(old.get(k) == v for k, v in record.items())
+            return ["a file that is not a JSON result"]
+        if not isinstance(old, dict):
+            return ["a file that is not a JSON result"]
+        return describe_differences(old, record)
 
-    return holds
+    return differences
 
 
 def file_sha256(path: str | os.PathLike) -> str:

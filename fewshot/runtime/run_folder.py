@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.file_kinds import kernel_folder_refusal, non_regular_kind
 
 # The files of a run; a folder holding any of them holds a run.
 RUN_FILES = ("config.json", "metrics.jsonl", "last.pt", "best.pt")
@@ -26,6 +27,15 @@ class RunFolder:
     def __init__(self, path: str | os.PathLike, fresh: bool, overwrite: bool = False):
         self.path = Path(path)
         self._lock_file = None
+        kind = non_regular_kind(self.path) or "a file"
+        if self.path.exists() and kind != "a folder":
+            raise FewshotError(
+                f"run folder {self.path} is not a folder ({kind}); choose another --out"
+            )
+        self._made = not self.path.exists()  # removed again if the run is refused at once
+        refusal = None if not self._made else kernel_folder_refusal(self.path)
+        if refusal:
+            raise FewshotError(f"run folder {self.path} is not usable: {refusal}")
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -97,5 +107,16 @@ class RunFolder:
     def __enter__(self) -> RunFolder:
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: type[BaseException] | None, *exc: object) -> None:
         self.release()
+        if kind is not None and self._made:
+            self._remove_if_unused()
+
+    def _remove_if_unused(self) -> None:
+        """A run refused before it wrote anything (its data checks) leaves no folder behind."""
+        try:
+            if [p.name for p in self.path.iterdir()] == [LOCK_NAME]:
+                (self.path / LOCK_NAME).unlink()
+                self.path.rmdir()
+        except OSError:  # another process took the folder meanwhile: it is theirs
+            pass

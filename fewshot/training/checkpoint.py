@@ -199,10 +199,17 @@ def as_trained(config: dict, data: ImageSplit, path: str | Path) -> ImageSplit:
 
 def check_fits(config: dict, data: ImageSplit, path: str | Path) -> None:
     """Refuse data of other channels or image size than the checkpoint's, before any forward."""
+    check_geometry(config, (data.channels, data.image_size), data.source, path)
+
+
+def check_geometry(config: dict, geometry: tuple[int, int], source: str, path: str | Path) -> None:
+    """Refuse images of `geometry` (channels, side) from `source` for the model of checkpoint
+    `path` (settings `config`) when it expects others: callable from metadata, before any
+    image is read."""
     want = (config["in_channels"], config["image_size"])
-    have = (data.channels, data.image_size)
-    if want != have:
+    if want != tuple(geometry):
+        have = tuple(geometry)
         raise FewshotError(
-            f"{path} expects {want[0]}x{want[1]}x{want[1]} images; {data.source} has "
+            f"{path} expects {want[0]}x{want[1]}x{want[1]} images; {source} has "
             f"{have[0]}x{have[1]}x{have[1]}"
         )

@@ -20,7 +20,7 @@ from fewshot.hpo.ensemble import StepCallback
 from fewshot.hpo.optimize import METHODS, OEHG_RESPLITS, Budget
 from fewshot.hpo.splits import MAX_RESPLITS, RESPLITS_LIMIT_REASON
 from fewshot.runtime.errors import FewshotError
-from fewshot.runtime.io import atomic_write_json
+from fewshot.runtime.io import atomic_write_json, describe_differences
 from fewshot.runtime.memory import MemoryTerm
 from fewshot.runtime.settings import (
     SettingError,
@@ -159,22 +159,20 @@ def identity(settings: dict) -> dict:
     return json.loads(json.dumps(kept))
 
 
-def holds_result_of(settings: TaskSettings) -> Callable[[Path], bool]:
-    """For `prepare_output`: whether a result JSON was written with these very settings."""
+def result_differences(settings: TaskSettings) -> Callable[[Path], list[str]]:
+    """For `prepare_output`: how the settings of a result JSON differ from these."""
     wanted = identity(asdict(settings))
 
-    def holds(path: Path) -> bool:
+    def differences(path: Path) -> list[str]:
         try:
             old = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, ValueError, RecursionError):
-            return False
-        return (
-            isinstance(old, dict)
-            and isinstance(old.get("settings"), dict)
-            and (identity(old["settings"]) == wanted)
-        )
+            old = None
+        if not (isinstance(old, dict) and isinstance(old.get("settings"), dict)):
+            return ["a file that is not a result of this command"]
+        return describe_differences(identity(old["settings"]), wanted)
 
-    return holds
+    return differences
 
 
 def write_json(settings: TaskSettings, result: Any, paths: list[Path]) -> None:

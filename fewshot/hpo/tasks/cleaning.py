@@ -47,11 +47,19 @@ from fewshot.hpo.tasks.cleaning_data import (
     draw_cleaning_data,
     training_data,
 )
-from fewshot.hpo.tasks.image_data import FLAT_SIZES, NUM_CLASSES, load_image_dataset
+from fewshot.hpo.tasks.image_data import (
+    FLAT_SIZES,
+    NUM_CLASSES,
+    load_image_dataset,
+    split_length,
+)
 from fewshot.hpo.trees import Theta
 from fewshot.runtime.device import resolve_device
 from fewshot.runtime.memory import MemoryTerm, check_memory
 from fewshot.runtime.settings import SettingError, setting
+
+# The image splits a cleaning run reads.
+SPLITS = ("train", "test")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -205,14 +213,14 @@ def memory_terms(s: Settings) -> list[MemoryTerm]:
 
 
 def load(settings: Settings) -> CleaningData:
-    """The seeded draw the settings name, with corrupted labels, on the settings' device
-    (memory checked first)."""
+    """The seeded draw the settings name, with corrupted labels, on the settings' device:
+    the examples asked for checked against the files' headers first, then the memory (an
+    estimate that grows with them), then the images read."""
     s = settings
     device = resolve_device(s.device)
+    s.check_image_counts(*(split_length(s.dataset, split, s.data_root) for split in SPLITS))
     check_memory(memory_terms(s), device)
-    train = load_image_dataset(s.dataset, "train", s.data_root)
-    test = load_image_dataset(s.dataset, "test", s.data_root)
-    s.check_image_counts(len(train.labels), len(test.labels))
+    train, test = (load_image_dataset(s.dataset, split, s.data_root) for split in SPLITS)
     data = draw_cleaning_data(train, test, s.n_train, s.n_val, s.n_test, s.noise, s.seed)
     return data.to(device)
 
