@@ -4,6 +4,7 @@ ordinary commands (train, resume, eval) on real Omniglot images."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import asdict
 
@@ -15,6 +16,7 @@ from torch.func import functional_call
 from fewshot.cli.main import main
 from fewshot.hpo.hypergrad import Bilevel, aid_cg
 from fewshot.methods import AdaptationMethod, build_method
+from fewshot.methods.batching import chunk_count, resolve_batching
 from fewshot.runtime.io import load_checkpoint
 from fewshot.training.settings import TrainSettings
 
@@ -266,6 +268,10 @@ def test_a_method_trains_resumes_exactly_and_evaluates(
             "--head-options does not apply to --method anil",
         ),
         (["--method", "maml", "--val-way", "20"], "--val-way must equal way (5) for maml"),
+        (
+            ["--method", "anil", "--method-options", '{"batching": "grouped"}'],
+            "batching must be one of auto, vmap, loop, threads, got 'grouped'",
+        ),
     ],
 )
 def test_impossible_settings_are_refused_before_any_data(extra, message, tmp_path, capsys):
@@ -280,10 +286,20 @@ def test_impossible_settings_are_refused_before_any_data(extra, message, tmp_pat
     ("change", "advice"),
     [
         (
-            ["--method-options", '{"inner_steps": 5, "inner_lr": 1e30}'],
-            "lower --method-options inner_lr (now 1e+30) or inner_steps (now 5)",
+            ["--method", "maml", "--method-options", '{"inner_steps": 5, "inner_lr": 1e30}'],
+            "the inner adaptation diverged; its scale is set by --method-options inner_lr 1e+30"
+            " (outside its usual range 0.0001 to 1), inner_steps 5: lower inner_lr",
         ),
-        (["--lr", "1e30"], "the meta-training diverged: lower --lr"),
+        # The proximal term is at fault: named with every setting that scales the inner
+        # problem, and the step size it makes unstable (its curvature alone is 1e30).
+        (
+            ["--method", "imaml", "--method-options", '{"proximal": 1e30, "inner_steps": 2}'],
+            "the inner adaptation diverged; its scale is set by --method-options inner_lr 0.1, "
+            "inner_steps 2, proximal 1e+30 (outside its usual range 0.01 to 100): lower "
+            "proximal; inner_lr x proximal = 1e+29 must be below 2 for the inner steps to "
+            "converge",
+        ),
+        (["--method", "maml", "--lr", "1e30"], "the meta-training diverged: lower --lr"),
     ],
 )
 def test_a_diverging_run_stops_in_one_line_naming_what_diverged(
@@ -292,27 +308,111 @@ def test_a_diverging_run_stops_in_one_line_naming_what_diverged(
     """The inner adaptation is at fault when it started from a finite support loss; the
     meta-training when its own steps already made that loss non-finite."""
     monkeypatch.setenv("FEWSHOT_DATA", str(tiny_omniglot_root))
-    args = [*TRAIN, "--method", "maml", *change, "--epochs", "1"]
+    args = [*TRAIN, *change, "--epochs", "1"]
     assert main([*args, "--out", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
     assert "non-finite" in err and advice in err
 
 
-@pytest.mark.parametrize("variant", ["maml", "fomaml"])
-def test_maml_agrees_with_learn2learn(variant):
+BATCHINGS = ["vmap", "loop", "threads"]
+
+
+@contextlib.contextmanager
+def threads_for(batching: str):
+    """Two intra-op threads for batching "threads" (the suite runs with one), so that it runs
+    the episodes in two chunks side by side; the others as they are (two threads on a loaded
+    machine would only slow them down)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2 if batching == "threads" else before)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_auto_batching_is_vmap_on_cuda_and_threads_on_a_cpu():
+    assert resolve_batching("auto", "cuda") == "vmap"
+    assert resolve_batching("auto", "cpu") == "threads"
+    assert [resolve_batching(b, "cuda") for b in BATCHINGS] == BATCHINGS
+    with threads_for("threads"):
+        counts = chunk_count("threads", 5), chunk_count("threads", 1), chunk_count("loop", 5)
+    assert counts == (2, 1, 1)
+    with pytest.raises(ValueError, match="batching must be one of auto, vmap, loop, threads"):
+        resolve_batching("grouped", "cpu")
+
+
+@pytest.mark.parametrize("batching", BATCHINGS)
+@pytest.mark.parametrize("variant", ["maml", "fomaml", "anil"])
+def test_maml_agrees_with_learn2learn(variant, batching):
     l2l = pytest.importorskip("learn2learn")
-    model = method(variant, inner_steps=2, inner_lr=0.3)
+    model = method(variant, inner_steps=2, inner_lr=0.3, batching=batching)
     images = episodes()
-    reference = l2l.algorithms.MAML(model.network, lr=0.3, first_order=variant == "fomaml")
+    adapted = model.network.classifier if variant == "anil" else model.network
+    reference = l2l.algorithms.MAML(adapted, lr=0.3, first_order=variant == "fomaml")
     support_labels = torch.arange(WAY).repeat_interleave(SHOT)
     query_labels = torch.arange(WAY).repeat_interleave(QUERY)
     model.zero_grad()
     total = 0
     for episode in images:
+        if variant == "anil":  # the classifier adapts on the embeddings of the episode's pool
+            episode = model.network.backbone(episode.flatten(0, 1)).view(WAY, SHOT + QUERY, -1)
         learner = reference.clone()
         for _ in range(2):
             learner.adapt(F.cross_entropy(learner(episode[:, :SHOT].flatten(0, 1)), support_labels))
         total = total + F.cross_entropy(learner(episode[:, SHOT:].flatten(0, 1)), query_labels)
     (total / len(images)).backward()
     theirs = {k: p.grad.clone() for k, p in model.named_parameters()}
-    assert_close(meta_gradient(model, images), theirs, 1e-6)
+    with threads_for(batching):
+        ours = meta_gradient(model, images)
+    assert_close(ours, theirs, 1e-6)
+
+
+@pytest.mark.parametrize("variant", ["maml", "fomaml", "anil", "imaml"])
+def test_every_batching_gives_the_same_step_and_evaluation(variant):
+    """Loss, meta-gradient and per-problem accuracies of a step with three re-splits of three
+    episodes (two chunks of unequal size under threads), and the evaluation's accuracies."""
+    images = episodes(batch=3)
+    generator = torch.Generator().manual_seed(4)
+    pool = SHOT + QUERY
+    perms = [torch.randperm(pool, generator=generator) for _ in range(3 * 3 * WAY)]
+    resplits = torch.stack(perms).view(3, 3, WAY, pool)
+    results = {}
+    for batching in BATCHINGS:
+        model = method(variant, inner_steps=2, inner_lr=0.2, batching=batching)
+        with threads_for(batching):
+            loss, accuracy = model(images, resplits, SHOT)
+            loss.backward()
+            evaluated = model.accuracy(images, SHOT)
+        grads = {k: p.grad for k, p in model.named_parameters()}
+        results[batching] = (loss.detach(), accuracy, grads, evaluated)
+    loss, accuracy, grads, evaluated = results["vmap"]
+    assert accuracy.shape == (9,) and evaluated.shape == (3,)
+    for batching in ("loop", "threads"):
+        other_loss, other_accuracy, other_grads, other_evaluated = results[batching]
+        torch.testing.assert_close(other_loss, loss, rtol=1e-12, atol=1e-12)
+        assert torch.equal(other_accuracy, accuracy) and torch.equal(other_evaluated, evaluated)
+        assert_close(other_grads, grads, 1e-10)
+
+
+@pytest.mark.parametrize(
+    ("variant", "options", "advice"),
+    [
+        # Every value usual, the step stable on the proximal term: no culprit to name.
+        ("imaml", {"inner_lr": 0.1, "proximal": 2.0}, "lower one of them"),
+        # Both usual, their product not: the step overshoots the proximal term's minimum.
+        (
+            "imaml",
+            {"inner_lr": 0.5, "proximal": 10.0},
+            "inner_lr x proximal = 5 must be below 2 for the inner steps to converge",
+        ),
+        ("anil", {"inner_steps": 500}, "inner_steps 500 (outside its usual range 1 to 100)"),
+    ],
+)
+def test_the_divergence_advice_names_the_inner_settings_and_the_culprit(variant, options, advice):
+    model = method(variant, **options)
+    text = model.divergence_advice()
+    assert text.startswith("the inner adaptation diverged; its scale is set by --method-options")
+    assert advice in text
+    for name in ("inner_lr", "inner_steps", *(["proximal"] if variant == "imaml" else [])):
+        assert f"{name} {getattr(model, name):g}" in text
+    assert ("proximal" in text) == (variant == "imaml")

@@ -104,3 +104,19 @@ def test_bench_pretrain_smoke(monkeypatch, capsys):
     bare = re.search(rf"bare PyTorch loop +({SECONDS}) ms", out)
     assert ours and bare and float(ours[1]) > 0 and float(bare[1]) > 0
     assert re.search(r"ratio \d+\.\d+x: goal <= 1.1x (met|MISSED)", out)
+
+
+def test_bench_vs_learn2learn_smoke(monkeypatch, capsys):
+    pytest.importorskip("learn2learn")
+    from benchmarks import bench_vs_learn2learn
+
+    out = run(monkeypatch, capsys, bench_vs_learn2learn, "--smoke")
+    assert re.search(r"^cpu: .+, \d+ threads, load average", out, re.M), out
+    for variant in ("maml", "imaml", "anil"):
+        row = rf"^{variant} +5-way 1-shot, 1 step +auto +({SECONDS}) +({SECONDS}) +(\S+) "
+        figures = re.search(rf"{row} goal <= 0\.7x (met|MISSED)$", out, re.M)
+        assert figures, out
+        assert float(figures[1]) > 0 and float(figures[2]) > 0
+        assert float(figures[3]) < 1e-5  # the same meta-gradient as learn2learn's
+        reference = rf"^{variant} +5-way 1-shot, 1 step +learn2learn +{SECONDS} +1\.00$"
+        assert re.search(reference, out, re.M), out

@@ -6,15 +6,18 @@ initialisation as the outer variable: MAML is RHG through the K inner steps, fir
 is RHG without the second-order terms, ANIL is MAML on the linear classifier over embeddings
 computed once per episode, iMAML is AID-CG on the proximally regularised inner problem.
 
-All U*B problems of a step (B episodes, U re-splits each) adapt at once: the adapted parameters
-carry a leading problem axis and `torch.func.vmap` runs `functional_call` per problem. BatchNorm
-always normalises with the statistics of the batch it sees, per problem (transductive, as in
-MAML and learn2learn): the network keeps no running statistics.
+All U*B problems of a step (B episodes, U re-splits each) adapt together: the adapted
+parameters carry a leading problem axis and `functional_call` runs per problem, under
+`torch.func.vmap` or in a loop, the episodes in chunks side by side in threads or not
+(`fewshot.methods.batching`: the `batching` option, resolved per device). BatchNorm always
+normalises with the statistics of the batch it sees, per problem (transductive, as in MAML and
+learn2learn): the network keeps no running statistics.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +28,14 @@ from fewshot.backbones import build_backbone
 from fewshot.backbones.footprint import activation_elements
 from fewshot.hpo.hypergrad import Bilevel, aid_cg, rhg
 from fewshot.hpo.trees import Tree, tree_detach, tree_flatten
-from fewshot.methods.base import Method, check_episodes
+from fewshot.methods.base import Method, check_episodes, describe_scales
+from fewshot.methods.batching import (
+    check_batching,
+    chunk_count,
+    concurrently,
+    replica,
+    resolve_batching,
+)
 from fewshot.methods.resplit import resplit_episodes
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.memory import MemoryTerm
@@ -42,6 +52,12 @@ MAML_TRAINING = {
     "lr_schedule": [],
     "channels_last": False,
 }
+
+
+# The ranges the settings of the inner problem usually take (MAML: inner_lr 0.01 to 0.4, 1
+# to 10 steps; iMAML: proximal 0.5 to 2, up to 25 steps), widened: outside them, a value is
+# named as the likely cause of a diverged adaptation.
+USUAL_INNER = {"inner_lr": (1e-4, 1.0), "inner_steps": (1, 100), "proximal": (1e-2, 100.0)}
 
 
 def unused_settings(variant: str) -> frozenset[str]:
@@ -82,6 +98,18 @@ def _split(inputs: torch.Tensor, resplits: torch.Tensor | None, shot: int):
     )
 
 
+@dataclass(frozen=True)
+class _Part:
+    """One chunk of episodes' share of a training step: its meta-gradient as (tensor, gradient)
+    pairs, its mean query loss, the query accuracy of its problems [U, b] and whether its
+    support loss was finite at the initialisation."""
+
+    pairs: list[tuple[torch.Tensor, torch.Tensor]]
+    outer_loss: float
+    accuracy: torch.Tensor
+    start_finite: torch.Tensor
+
+
 class AdaptationMethod(Method):
     """MAML, first-order MAML, ANIL or iMAML (`variant`) on a backbone with a `way`-class head."""
 
@@ -96,16 +124,18 @@ class AdaptationMethod(Method):
         proximal: float = 1.0,
         solver_steps: int = 5,
         amp: str = "auto",
+        batching: str = "auto",
     ):
         super().__init__()
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+        check_batching(batching)
         replace_all_batch_norm_modules_(backbone)  # batch statistics always (transductive)
         self.network = Network(backbone, way)
         self.way, self.variant, self.amp = way, variant, amp
         self.inner_steps, self.inner_lr, self.proximal = inner_steps, inner_lr, proximal
         self.eval_inner_steps = inner_steps if eval_inner_steps is None else eval_inner_steps
-        self.solver_steps = solver_steps
+        self.solver_steps, self.batching = solver_steps, batching
         # Whether the last training step's support loss was finite at the initialisation.
         self.start_finite: torch.Tensor | bool = True
 
@@ -130,16 +160,30 @@ class AdaptationMethod(Method):
         with torch.autocast(inputs.device.type, dtype=dtype):
             return network(inputs).to(inputs.dtype)
 
-    def _logits(self, theta: dict, inputs: torch.Tensor) -> torch.Tensor:
-        """Float32 logits [E, n, way] of each problem's inputs [E, n, ...] under its theta."""
-        module = self.adapted()
-        per_problem = vmap(lambda p, x: functional_call(module, p, (x,)))
-        return self._run(lambda x: per_problem(theta, x), inputs)
+    def _logits(
+        self, module: nn.Module, vmapped: bool, theta: dict, inputs: torch.Tensor
+    ) -> torch.Tensor:
+        """Float32 logits [E, n, way] of each problem's inputs [E, n, ...] under its theta, by
+        `module` (the adapted one, or a replica of it), under vmap or one problem at a time."""
 
-    def _problem(self, problems: int, record: dict) -> Bilevel:
+        def one(weights: dict, x: torch.Tensor) -> torch.Tensor:
+            return functional_call(module, weights, (x,))
+
+        def per_problem(x: torch.Tensor) -> torch.Tensor:
+            if vmapped:
+                return vmap(one)(theta, x)
+            weights = zip(*(value.unbind() for value in theta.values()), strict=True)
+            return torch.stack(
+                [one(dict(zip(theta, w, strict=True)), e) for w, e in zip(weights, x, strict=True)]
+            )
+
+        return self._run(per_problem, inputs)
+
+    def _problem(self, problems: int, record: dict, module: nn.Module, vmapped: bool) -> Bilevel:
         """The bilevel problem of `problems` episodes: the inner loss is the sum of their
         support losses (each problem's gradient is its own), the outer their mean query loss.
-        `record["accuracy"]` gets the query accuracy of each problem at the adapted weights."""
+        `record["accuracy"]` gets the query accuracy of each problem at the adapted weights.
+        `module` and `vmapped` as in `_logits`."""
 
         def data(lam: Tree, batch: tuple, key: str) -> tuple[torch.Tensor, torch.Tensor]:
             inputs, labels = batch
@@ -147,7 +191,7 @@ class AdaptationMethod(Method):
 
         def inner(theta: dict, lam: dict, batch: tuple) -> torch.Tensor:
             inputs, labels = data(lam, batch, "support")
-            logits = self._logits(theta, inputs)
+            logits = self._logits(module, vmapped, theta, inputs)
             loss = F.cross_entropy(
                 logits.flatten(0, 1), labels.repeat(problems), reduction="sum"
             ) / len(labels)
@@ -159,28 +203,34 @@ class AdaptationMethod(Method):
 
         def outer(theta: dict, lam: dict, batch: tuple) -> torch.Tensor:
             inputs, labels = data(lam, batch, "query")
-            logits = self._logits(theta, inputs)
+            logits = self._logits(module, vmapped, theta, inputs)
             record["accuracy"] = (logits.argmax(-1) == labels).float().mean(-1).detach()
             return F.cross_entropy(logits.flatten(0, 1), labels.repeat(problems))
 
         return Bilevel(inner, outer, self.inner_lr)
 
-    def _episodes(self, images: torch.Tensor, resplits: torch.Tensor | None, shot: int):
-        """lam (the initialisation, and ANIL's embeddings), the train and validation data."""
+    def _inputs(self, images: torch.Tensor) -> torch.Tensor:
+        """What the problems adapt on: the images, or for ANIL the embeddings [B, way, pool, d]
+        of each episode's pool in one backbone pass (its BatchNorm statistics, as learn2learn's
+        ANIL), shared by the episode's U re-splits. Always in the calling thread, so that a
+        backbone drawing random numbers (DropBlock) draws them in one order."""
+        if self.variant != "anil":
+            return images
+        # A loop: on a CPU, 1.8-2.4x faster than vmap or one pass over the whole batch
+        # (measured on Conv-4, 32 episodes).
+        b, way, pool = images.shape[:3]
+        backbone = self.network.backbone
+        features = self._run(lambda x: torch.stack([backbone(e) for e in x]), images.flatten(1, 2))
+        return features.view(b, way, pool, -1)
+
+    def _episodes(self, inputs: torch.Tensor, resplits: torch.Tensor | None, shot: int):
+        """lam (the initialisation, and ANIL's embeddings), the train and validation data of
+        the problems of `inputs` (see `_inputs`)."""
         lam: dict = {"init": dict(self.adapted().named_parameters())}
-        if self.variant == "anil":
-            # Each episode's pool in one backbone pass (its BatchNorm statistics, as learn2learn's
-            # ANIL), shared by the episode's U re-splits. A loop: on a CPU, 1.8-2.4x faster than
-            # vmap or one pass over the whole batch (measured on Conv-4, 32 episodes).
-            b, way, pool = images.shape[:3]
-            backbone = self.network.backbone
-            features = self._run(
-                lambda x: torch.stack([backbone(e) for e in x]), images.flatten(1, 2)
-            )
-            support, query, ys, yq = _split(features.view(b, way, pool, -1), resplits, shot)
+        support, query, ys, yq = _split(inputs, resplits, shot)
+        if self.variant == "anil":  # differentiable: the meta-gradient reaches the backbone
             lam.update(support=support, query=query)
             return lam, (None, ys), (None, yq), len(support)
-        support, query, ys, yq = _split(images, resplits, shot)
         return lam, (support, ys), (query, yq), len(support)
 
     @staticmethod
@@ -188,14 +238,36 @@ class AdaptationMethod(Method):
         """theta0 as a function of lam: the initialisation, one copy per problem."""
         return lambda lam: {k: v.expand(problems, *v.shape) for k, v in lam["init"].items()}
 
-    def forward(
-        self, images: torch.Tensor, resplits: torch.Tensor | None, shot: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A loss whose gradient is the meta-gradient of the mean query loss of the U*B
-        problems (its value is that loss), and the query accuracy of each problem."""
-        lam, train, val, problems = self._episodes(images, resplits, shot)
+    def _module(self, threaded: bool) -> nn.Module:
+        """The adapted module, or in a thread of its own a replica of it."""
+        return replica(self.adapted()) if threaded else self.adapted()
+
+    def _chunks(
+        self, images: torch.Tensor, resplits: torch.Tensor | None
+    ) -> tuple[str, list[torch.Tensor], list[torch.Tensor | None]]:
+        """The `batching` resolved on the images' device, and the episodes' inputs (`_inputs`)
+        and re-splits in as many chunks as it runs side by side."""
+        batching = resolve_batching(self.batching, images.device.type)
+        count = chunk_count(batching, len(images))
+        # Each chunk's own pass: its autograd graph shares nothing with another thread's.
+        inputs = [self._inputs(chunk) for chunk in images.tensor_split(count)]
+        splits = [None] * count if resplits is None else list(resplits.tensor_split(count, 1))
+        return batching, inputs, splits
+
+    def _meta_gradient(
+        self,
+        inputs: torch.Tensor,
+        resplits: torch.Tensor | None,
+        shot: int,
+        batching: str,
+        threaded: bool,
+    ) -> _Part:
+        """The meta-gradient of one chunk's problems. `threaded`: in a thread of its own, with
+        its own replica of the adapted module, and ANIL's embedding gradients carried into the
+        backbone here (the caller's backward would run every chunk's in one thread)."""
+        lam, train, val, problems = self._episodes(inputs, resplits, shot)
         record: dict = {}
-        problem = self._problem(problems, record)
+        problem = self._problem(problems, record, self._module(threaded), batching == "vmap")
         start = self._start(problems)
         if self.variant == "imaml":
             steps, solver = self.inner_steps, self.solver_steps
@@ -203,14 +275,46 @@ class AdaptationMethod(Method):
         else:
             first_order = self.variant == "fomaml"
             result = rhg(problem, start, lam, train, val, self.inner_steps, first_order=first_order)
+        leaves = zip(tree_flatten(lam)[0], tree_flatten(result.grad)[0], strict=True)
+        pairs = [(x, g) for x, g in leaves if x.requires_grad]
+        if threaded and self.variant == "anil":
+            params = [p for p in self.parameters() if p.requires_grad]
+            xs, gs = zip(*pairs, strict=True)
+            grads = torch.autograd.grad(xs, params, gs, allow_unused=True)
+            pairs = [(p, g) for p, g in zip(params, grads, strict=True) if g is not None]
+        u = 1 if resplits is None else len(resplits)
+        finite = torch.isfinite(record["start_loss"])
+        return _Part(pairs, result.outer_loss, record["accuracy"].view(u, -1), finite)
+
+    def forward(
+        self, images: torch.Tensor, resplits: torch.Tensor | None, shot: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A loss whose gradient is the meta-gradient of the mean query loss of the U*B
+        problems (its value is that loss), and the query accuracy of each problem."""
+        batching, inputs, splits = self._chunks(images, resplits)
+        threaded = len(inputs) > 1
+
+        def part(i: int) -> _Part:
+            return self._meta_gradient(inputs[i], splits[i], shot, batching, threaded)
+
+        parts = concurrently(part, len(inputs))
         # Read only if the step diverges (no synchronisation here).
-        self.start_finite = torch.isfinite(record["start_loss"])
+        self.start_finite = torch.stack([p.start_finite for p in parts]).all()
+        # The chunks' meta-gradients weighted by their share of the problems, one term per
+        # tensor, in chunk order (the same sums every run).
+        weights = [len(x) / len(images) for x in inputs]
+        terms: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        for weight, p in zip(weights, parts, strict=True):
+            for x, g in p.pairs:
+                before = terms[id(x)][1] if id(x) in terms else 0
+                terms[id(x)] = (x, before + weight * g)
         # Linear in the parameters (and ANIL's embeddings): backward() puts the meta-gradient
-        # in .grad, through the embeddings into the backbone, scaled like any loss by AMP.
-        pairs = zip(tree_flatten(lam)[0], tree_flatten(result.grad)[0], strict=True)
-        surrogate = sum((x * g).sum() for x, g in pairs if x.requires_grad)
-        loss = surrogate - surrogate.detach() + result.outer_loss
-        return loss, record["accuracy"]
+        # in .grad (through the embeddings into the backbone unless a chunk did that already),
+        # scaled like any loss by AMP.
+        surrogate = sum((x * g).sum() for x, g in terms.values())
+        outer = sum(w * p.outer_loss for w, p in zip(weights, parts, strict=True))
+        loss = surrogate - surrogate.detach() + outer
+        return loss, torch.cat([p.accuracy for p in parts], 1).flatten()
 
     def memory_terms(
         self, episodes: int, way: int, pool: int, shot: int, resplits: int, training: bool
@@ -239,34 +343,58 @@ class AdaptationMethod(Method):
 
     def divergence_advice(self) -> str:
         """The inner adaptation when it started from a finite loss (the initialisation was
-        sound, the steps from it were not), else the meta-training."""
+        sound, the steps from it were not), else the meta-training. The inner adaptation's
+        message names every setting that scales it with its value, and the one at fault where
+        that is known: a value outside its usual range, or iMAML's inner_lr x proximal >= 2
+        (the support loss is convex in the classifier, so the inner Hessian has an eigenvalue
+        >= proximal, along which every step then grows the distance to the minimum)."""
         if not bool(self.start_finite):
             return super().divergence_advice()
-        return (
-            f"the inner adaptation diverged: lower --method-options inner_lr (now "
-            f"{self.inner_lr}) or inner_steps (now {self.inner_steps})"
-        )
+        values = {"inner_lr": self.inner_lr, "inner_steps": self.inner_steps}
+        if self.variant == "imaml":
+            values["proximal"] = self.proximal
+        scales, unusual = describe_scales("--method-options", values, USUAL_INNER)
+        faults = [f"lower {' or '.join(unusual)}"] if unusual else []
+        product = self.inner_lr * self.proximal
+        if self.variant == "imaml" and product >= 2:
+            faults.append(
+                f"inner_lr x proximal = {product:g} must be below 2 for the inner steps to converge"
+            )
+        advice = "; ".join(faults) or "lower one of them"
+        return f"the inner adaptation diverged; its scale is set by {scales}: {advice}"
 
     def accuracy(self, images: torch.Tensor, shot: int) -> torch.Tensor:
         """Query accuracy of each test episode after `eval_inner_steps` steps on its support."""
         check_episodes("AdaptationMethod.accuracy", images, shot, self.network.backbone)
         self.check_way(images.shape[1])
         with torch.no_grad():
-            lam, train, val, problems = self._episodes(images, None, shot)
-        lam = tree_detach(lam)
-        record: dict = {}
-        problem = self._problem(problems, record)
-        theta = problem.descend(self._start(problems), lam, train, self.eval_inner_steps)
-        with torch.no_grad():
-            problem.outer_loss(theta, lam, val)
-        return record["accuracy"]
+            batching, inputs, _ = self._chunks(images, None)
+        threaded = len(inputs) > 1
+
+        def part(i: int) -> torch.Tensor:
+            lam, train, val, problems = self._episodes(inputs[i], None, shot)
+            lam = tree_detach(lam)
+            record: dict = {}
+            problem = self._problem(problems, record, self._module(threaded), batching == "vmap")
+            theta = problem.descend(self._start(problems), lam, train, self.eval_inner_steps)
+            with torch.no_grad():
+                problem.outer_loss(theta, lam, val)
+            return record["accuracy"]
+
+        return torch.cat(concurrently(part, len(inputs)))
 
 
 def adaptation_builder(variant: str):
     """The registry builder of one variant; its keyword options are the method's settings."""
 
-    def check(settings: dict, inner_steps: int, inner_lr: float, eval_inner_steps) -> None:
+    def check(
+        settings: dict, inner_steps: int, inner_lr: float, eval_inner_steps, batching: str
+    ) -> None:
         """The settings this method cannot run with, refused before any data is read."""
+        try:
+            check_batching(batching)
+        except ValueError as e:
+            raise SettingError("method_options", str(e)) from None
         if inner_steps < 1:
             raise SettingError("method_options", f"inner_steps must be >= 1, got {inner_steps}")
         if eval_inner_steps is not None and eval_inner_steps < 0:
@@ -306,9 +434,11 @@ def adaptation_builder(variant: str):
             eval_inner_steps: int | None = None,
             proximal: float = 1.0,
             solver_steps: int = 5,
+            batching: str = "auto",
         ) -> AdaptationMethod:
-            """iMAML: K steps on the support loss + proximal/2 |theta - init|^2, AID-CG."""
-            check(settings, inner_steps, inner_lr, eval_inner_steps)
+            """iMAML: K steps on the support loss + proximal/2 |theta - init|^2, AID-CG;
+            `batching` as in `fewshot.methods.batching`."""
+            check(settings, inner_steps, inner_lr, eval_inner_steps, batching)
             if not proximal > 0:
                 raise SettingError("method_options", f"proximal must be > 0, got {proximal}")
             if solver_steps < 1:
@@ -317,7 +447,7 @@ def adaptation_builder(variant: str):
                 )
             return AdaptationMethod(
                 network(settings), settings["way"], variant, inner_steps, inner_lr,
-                eval_inner_steps, proximal, solver_steps, settings["amp"],
+                eval_inner_steps, proximal, solver_steps, settings["amp"], batching,
             )  # fmt: skip
 
         return build_imaml
@@ -328,12 +458,14 @@ def adaptation_builder(variant: str):
         inner_steps: int = 1,
         inner_lr: float = 0.4,
         eval_inner_steps: int | None = None,
+        batching: str = "auto",
     ) -> AdaptationMethod:
-        """MAML, first-order MAML or ANIL with K inner SGD steps of size inner_lr."""
-        check(settings, inner_steps, inner_lr, eval_inner_steps)
+        """MAML, first-order MAML or ANIL with K inner SGD steps of size inner_lr; `batching`
+        as in `fewshot.methods.batching`."""
+        check(settings, inner_steps, inner_lr, eval_inner_steps, batching)
         return AdaptationMethod(
             network(settings), settings["way"], variant, inner_steps, inner_lr,
-            eval_inner_steps, amp=settings["amp"],
+            eval_inner_steps, amp=settings["amp"], batching=batching,
         )  # fmt: skip
 
     return build
