@@ -25,6 +25,7 @@ import torch
 
 from fewshot.hpo.batches import generators
 from fewshot.hpo.hypergrad import Bilevel, Hypergradient, rhg
+from fewshot.hpo.outer_log import log_outer_step
 from fewshot.hpo.trees import Tree, tree_detach, tree_flatten, tree_mean
 from fewshot.runtime.errors import FewshotError
 
@@ -126,6 +127,7 @@ def optimize_offline(
         h = ehg(estimator, problem, theta0, lam, split_data, gens)
         losses.append(h.outer_loss)
         lam = step(h.grad, t)
+        log_outer_step(t, h.grad, lam, h.outer_loss)
         if on_step is not None:
             on_step(t, lam, h.theta[0])
     deploy = split_data[0][0] if deploy_data is None else deploy_data
@@ -172,7 +174,9 @@ def oehg(
         ]
         inner_thetas = [r.theta for r in results]
         losses.append(float(np.mean([r.outer_loss for r in results])))
-        lam = step(tree_mean([r.grad for r in results]), t)
+        grad = tree_mean([r.grad for r in results])
+        lam = step(grad, t)
+        log_outer_step(t, grad, lam, losses[-1])
         theta = problem.descend(theta, lam, deploy_data, inner_steps, deploy_gen)
         if on_step is not None:
             on_step(t, lam, theta)

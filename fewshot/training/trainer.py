@@ -23,11 +23,13 @@ from fewshot.datasets.augment import TrainAugment
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import images_to_device
 from fewshot.datasets.sampler import EpisodeSampler, EpisodeShape
-from fewshot.evaluation.episodes import evaluate
+from fewshot.evaluation.episodes import evaluate, evaluation_terms
 from fewshot.evaluation.metrics import metrics_row
 from fewshot.methods import Method
+from fewshot.methods.batching import resolve_batching
 from fewshot.runtime.distributed import Distributed, any_rank, broadcast_from_main, gather_objects
 from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.events import EventLog
 from fewshot.runtime.io import atomic_torch_save, atomic_write_json, atomic_write_text
 from fewshot.runtime.memory import check_memory, fits, format_bytes
 from fewshot.runtime.precision import precision_name
@@ -39,7 +41,7 @@ from fewshot.training.checkpoint import (
     restore_training,
     training_checkpoint,
 )
-from fewshot.training.settings import RunSettings, TrainSettings
+from fewshot.training.settings import PretrainSettings, RunSettings, TrainSettings
 from fewshot.training.stages import batches_for
 from fewshot.training.state import Progress, RandomStreams
 
@@ -84,6 +86,10 @@ def read_data(settings: RunSettings) -> tuple[ImageSplit, ImageSplit]:
     return train, val
 
 
+# The TensorBoard tags of the validation accuracy and its 95% interval's bounds.
+VAL_BAND = ("val/accuracy", "val/accuracy_lower", "val/accuracy_upper")
+
+
 class Diverged(FewshotError):
     """A step met a non-finite loss or gradient; it was not applied."""
 
@@ -113,12 +119,12 @@ class Trainer:
         # Validated as the model will be evaluated: normalised as its training images.
         self.train_data, val = data or read_data(settings)
         self.val_data = replace(val, mean=self.train_data.mean, std=self.train_data.std)
+        self.batches = batches_for(settings, self.train_data, settings.seed)  # checks the shape
         self.val_shape = EpisodeShape(settings.val_way, settings.val_shot, settings.val_query, 8)
         # Refuse now, not after an epoch, a validation shape the validation split cannot give.
         EpisodeSampler(
             self.val_data.labels, self.val_shape, settings.val_seed, self.val_data.source
         )
-        self.batches = batches_for(settings, self.train_data, settings.seed)
         torch.manual_seed(settings.seed)
         self.config = {
             **settings.to_dict(),
@@ -129,6 +135,8 @@ class Trainer:
             **self.batches.config(self.train_data),
         }
         self.method = self.batches.build(self.config).to(device)
+        if hasattr(self.method, "batching"):  # the MAML family: the formulation that runs here
+            self.config["batching"] = resolve_batching(self.method.batching, device.type)
         if init is not None:
             self.method.backbone.load_state_dict(init)
         if settings.channels_last:
@@ -150,6 +158,7 @@ class Trainer:
         self.run_dir = Path(settings.out)
         self.resumed = resume is not None
         self.stops = StopRequests()
+        self.events = EventLog(None)  # opened by `fit`, on rank 0 only
         if resume:
             path, ckpt = resume
             self.progress = restore_training(
@@ -168,22 +177,21 @@ class Trainer:
         """Refuse, before the first step, a training step or a validation batch that cannot
         fit in what the device has available (lower bounds from the shapes, per method), and
         validate without the embedding cache where the cache would not fit (same accuracies)."""
-        val = self.val_shape
         terms = self.batches.memory_terms(self.method, self.dist.world)
         if terms:
             check_memory(terms, self.device, "one training step")
-        terms = self.method.memory_terms(
-            val.episodes_per_batch, val.way, val.pool, val.shot, 1, False
-        )
+        # Validation on the batches that run (at most --val-episodes episodes each).
+        shape, episodes = self.val_shape, self.settings.val_episodes
+        images = len(self.val_data.labels)
+        terms = evaluation_terms(self.method, shape, episodes, images, cache=False)
         terms = [replace(t, lower="--val-way or --val-query") for t in terms]
         if terms:
             check_memory(terms, self.device, "a validation batch")
-        cached = self.method.cache_bytes(len(self.val_data.labels))
-        self.val_cache = fits(cached + sum(t.size for t in terms), self.device)
+        cached = evaluation_terms(self.method, shape, episodes, images, cache=True)
+        self.val_cache = fits(sum(t.size for t in cached), self.device)
         if not self.val_cache:
-            tqdm.write(
-                f"validation embeds every episode: its cache would need {format_bytes(cached)}"
-            )
+            need = format_bytes(self.method.cache_bytes(images))
+            tqdm.write(f"validation embeds every episode: its cache would need {need}")
 
     @property
     def steps_per_epoch(self) -> int:
@@ -257,6 +265,7 @@ class Trainer:
                 tqdm.write(f"training on {self.device.type}, backbone in {self.precision}")
                 atomic_write_json(self.config, self.run_dir / "config.json")
                 self._write_metrics()  # drops rows a killed run wrote after its checkpoint
+                self.events = stack.enter_context(self._open_events())
             while self.progress.epoch < self.settings.epochs:
                 self._train_epoch()
                 self._finish_epoch()
@@ -327,6 +336,7 @@ class Trainer:
             f"epoch {row['epoch']}: loss {row['train_loss']:.3f} train {row['train_acc']:.2f}% "
             f"val {row['val_acc']:.2f} ± {row['val_ci95']:.2f}%"
         )
+        self._log_epoch(row)
         # best.pt before last.pt: if killed in between, the resumed run validates again.
         if row["val_acc"] > self.progress.best_val:
             self.progress.best_val = row["val_acc"]
@@ -349,6 +359,41 @@ class Trainer:
             f"stopped at epoch {self.progress.epoch + 1} step {self.progress.step}{where}; "
             f"saved {last}; continue with: fewshot {self.settings.stage} --resume {last}",
         )
+
+    def _open_events(self) -> EventLog:
+        """The run's TensorBoard log: a fresh run's starts with its settings; a resumed run's
+        continues at its next epoch, dropping what a killed run logged after its checkpoint."""
+        if self.resumed:
+            return EventLog(self.run_dir, resume_step=self.progress.epoch + 1)
+        events = EventLog(self.run_dir)
+        events.hparams(self.config, ["val/accuracy"])
+        events.margin_chart("validation accuracy ± 95% CI", *VAL_BAND)
+        return events
+
+    def _log_epoch(self, row: dict) -> None:
+        """An epoch's metrics row, step time and throughput, flushed before the checkpoint: a run
+        killed in between logs the epoch again when resumed."""
+        s, steps = self.settings, self.steps_per_epoch
+        unit, per_step = (
+            ("images", s.batch_size)
+            if isinstance(s, PretrainSettings)
+            else ("episodes", s.episodes_per_batch)
+        )
+        value, lower, upper = VAL_BAND
+        scalars = {
+            "train/loss": row["train_loss"],
+            "train/accuracy": row["train_acc"],
+            value: row["val_acc"],
+            "val/ci95": row["val_ci95"],
+            lower: row["val_acc"] - row["val_ci95"],
+            upper: row["val_acc"] + row["val_ci95"],
+            "lr": row["lr"],
+            "time/step_seconds": row["seconds"] / steps,
+        }
+        if row["seconds"] > 0:
+            scalars[f"time/{unit}_per_second"] = steps * per_step / row["seconds"]
+        self.events.scalars(row["epoch"], scalars)
+        self.events.flush()
 
     def _write_metrics(self) -> None:
         """metrics.jsonl: one JSON line per finished epoch, rewritten whole (atomically)."""
