@@ -1,26 +1,76 @@
-"""Shared fixtures: the shipped Omniglot splits and the data root of the larger sets."""
+"""Shared fixtures: the shipped Omniglot splits, small generated image sets, and the data root of
+the real data sets, whose absence skips only the tests of their numbers (counted at the end)."""
 
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from datafiles import write_digits
 
 from fewshot.datasets import REPO_DATA, load_split
+from fewshot.datasets.fetch import DATASETS
 
 REPO = Path(__file__).resolve().parents[1]
-# Read once at start-up, before any test points FEWSHOT_DATA at a small folder of its own.
-SHARED_DATA = Path(os.environ.get("FEWSHOT_DATA") or REPO.parent / "shared" / "data")
+# Where tests of a real data set's numbers look for it: $FEWSHOT_DATA (read once at start-up,
+# before any test points it at a small folder of its own), else the project's shared data beside
+# the repository, else the repository's data/, where `fewshot data fetch` puts it by default.
+REAL_DATA_ROOTS = (
+    [Path(os.environ["FEWSHOT_DATA"])]
+    if os.environ.get("FEWSHOT_DATA")
+    else [REPO.parent / "shared" / "data", REPO_DATA]
+)
+# The start of the reason of every skip for a missing real data set: the summary counts these.
+MISSING = "real data set missing:"
+
+
+@pytest.fixture(autouse=True)
+def no_caller_data_root(monkeypatch):
+    """Every test but those of real data sets reads the repository's data/ or folders of its
+    own, whatever the caller's FEWSHOT_DATA says (the subprocesses a test starts too)."""
+    monkeypatch.delenv("FEWSHOT_DATA", raising=False)
 
 
 @pytest.fixture(scope="session")
-def shared_data_root() -> Path:
-    """The folder with MNIST, CIFAR-10 and the larger LIBSVM sets: $FEWSHOT_DATA when set,
-    else the project's shared data beside the repository; tests skip without it."""
-    if not (SHARED_DATA / "mnist").is_dir():
-        pytest.skip(f"no shared data root with mnist/ at {SHARED_DATA} (set FEWSHOT_DATA)")
-    return SHARED_DATA
+def real_data():
+    """`real_data(NAME)`: the data root that holds every file of `fewshot data fetch NAME`, or
+    a skip of the test that asked, counted in the summary."""
+
+    def root_of(name: str) -> Path:
+        for root in REAL_DATA_ROOTS:
+            if all((root / remote.path).is_file() for remote in DATASETS[name]):
+                return root
+        pytest.skip(f"{MISSING} {name} (fewshot data fetch {name}, or set FEWSHOT_DATA)")
+
+    return root_of
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Say how many tests skipped for a missing real data set, and how to provide it. Under
+    xdist the skips reach the controller as reports whose longrepr ends in the reason."""
+    missing: Counter[str] = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = str(report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr)
+        if MISSING in reason:
+            missing[reason.split(MISSING, 1)[1].split()[0]] += 1
+    if missing:
+        names = ", ".join(f"{name} ({count})" for name, count in sorted(missing.items()))
+        terminalreporter.write_sep("-", "real data sets")
+        terminalreporter.write_line(
+            f"{missing.total()} tests skipped: their real data set is not in "
+            f"{' or '.join(map(str, REAL_DATA_ROOTS))}: {names}. Provide it with "
+            "`fewshot data fetch NAME` (into $FEWSHOT_DATA, else data/; --data-root DIR to "
+            "choose), or set FEWSHOT_DATA to a folder that holds it."
+        )
+
+
+@pytest.fixture(scope="session")
+def digits_root(tmp_path_factory) -> Path:
+    """A data root with small learnable MNIST and Fashion-MNIST files (2000 training, 600 test
+    images each), for tests of options and mechanics rather than of the real sets' numbers."""
+    return write_digits(tmp_path_factory.mktemp("digits"), n_train=2000, n_test=600)
 
 
 @pytest.fixture(scope="session")

@@ -30,15 +30,16 @@ def settings(**changes) -> Settings:
 
 
 def draw_small(root) -> object:
-    """600 MNIST training examples (half of the labels corrupted), 300 validation, 500 test."""
+    """600 training examples of the small digits (half of the labels corrupted), 300
+    validation, 500 test."""
     train, test = (load_image_dataset("mnist", split, root) for split in ("train", "test"))
     return draw_cleaning_data(train, test, **SMALL, noise=0.5, seed=3)
 
 
 @pytest.fixture(scope="module")
-def small_data(shared_data_root):
+def small_data(digits_root):
     """The small draw of seed 3."""
-    return draw_small(shared_data_root)
+    return draw_small(digits_root)
 
 
 def test_corruption_flips_to_a_different_label_at_the_rate():
@@ -83,24 +84,25 @@ def test_bad_settings_and_missing_files_are_named(tmp_path):
         load(settings(method="rhg", data_root=str(tmp_path)))
 
 
-def test_sizes_larger_than_the_data_are_rejected(shared_data_root, tmp_path, capsys):
-    root = str(shared_data_root)
-    with pytest.raises(SettingError, match="exceed the 60000 training images"):
-        load(settings(n_train=59000, n_val=2000, data_root=root))
-    with pytest.raises(SettingError, match="n_test 10001 exceeds"):
-        load(settings(method="rhg", n_test=10001, data_root=root))
+def test_sizes_larger_than_the_data_are_rejected(digits_root, tmp_path, capsys):
+    root = str(digits_root)  # 2000 training and 600 test images
+    with pytest.raises(SettingError, match="exceed the 2000 training images"):
+        load(settings(n_train=1900, n_val=200, data_root=root))
+    with pytest.raises(SettingError, match="n_test 601 exceeds"):
+        load(settings(method="rhg", n_test=601, data_root=root))
     train, test = (load_image_dataset("mnist", split, root) for split in ("train", "test"))
-    with pytest.raises(ValueError, match="exceed the 60000 training and 10000 test images"):
-        draw_cleaning_data(train, test, n_test=10001)
+    with pytest.raises(ValueError, match="exceed the 2000 training and 600 test images"):
+        draw_cleaning_data(train, test, n_test=601)
     args = ["hpo", "cleaning", "--dataset", "mnist", "--model", "sr", "--method", "oehg"]
-    args += ["--n-test", "10001", "--out", str(tmp_path), "--data-root", root]
+    args += ["--n-train", "1600", "--n-val", "400", "--n-test", "601"]
+    args += ["--out", str(tmp_path), "--data-root", root]
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "--n-test 10001 exceeds the 10000 test images" in err
+    assert len(err.splitlines()) == 1 and "--n-test 601 exceeds the 600 test images" in err
 
 
-def test_drawn_sets_are_disjoint_and_seeded(small_data, shared_data_root):
-    again = draw_small(shared_data_root)
+def test_drawn_sets_are_disjoint_and_seeded(small_data, digits_root):
+    again = draw_small(digits_root)
     assert torch.equal(again.x_train, small_data.x_train)
     assert torch.equal(again.corrupted, small_data.corrupted)
     train_rows = {tuple(r) for r in small_data.x_train[:, ::7].tolist()}
@@ -159,11 +161,11 @@ def test_settings_are_checked():
         settings(method="rhg", truncate=2)
 
 
-def test_cli_prints_scores_and_writes_json(tmp_path, capsys, shared_data_root):
+def test_cli_prints_scores_and_writes_json(tmp_path, capsys, digits_root):
     args = ["hpo", "cleaning", "--dataset", "mnist", "--model", "sr", "--method", "oehg"]
     args += ["--resplits", "2", "--n-train", "200", "--n-val", "100", "--n-test", "100"]
     args += ["--outer-steps", "3", "--extra-val", "20", "--retrain-steps", "3", "--seed", "1"]
-    args += ["--out", str(tmp_path), "--data-root", str(shared_data_root), "--device", "cpu"]
+    args += ["--out", str(tmp_path), "--data-root", str(digits_root), "--device", "cpu"]
     assert main(args) == 0
     out = capsys.readouterr().out
     saved = json.loads((tmp_path / "cleaning_mnist_sr_oehg_seed1.json").read_text())

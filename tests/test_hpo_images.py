@@ -3,17 +3,13 @@
 from __future__ import annotations
 
 import gzip
-import io
 import json
 import math
-import struct
-import tarfile
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from datafiles import jpeg, write_digits, write_idx, write_mnist, write_tar
 
 from fewshot.cli.main import main
 from fewshot.datasets.idx import read_idx
@@ -32,29 +28,9 @@ MNIST_TRAIN_COUNTS = [5923, 6742, 5958, 6131, 5842, 5421, 5918, 6265, 5851, 5949
 MNIST_TEST_COUNTS = [980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009]
 
 
-def write_idx(path: Path, array: np.ndarray, compress: bool) -> None:
-    """Write an uint8 IDX file: magic 0 0 8 ndim, big-endian dims, raw bytes."""
-    raw = bytes([0, 0, 8, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
-    raw += array.astype(np.uint8).tobytes()
-    path.write_bytes(gzip.compress(raw) if compress else raw)
-
-
-def write_mnist(folder: Path, n: int, compress: bool, seed: int = 0) -> tuple[np.ndarray, ...]:
-    """A tiny MNIST-format train/test pair; returns (train images, train labels)."""
-    rng = np.random.default_rng(seed)
-    folder.mkdir(parents=True, exist_ok=True)
-    images = rng.integers(0, 256, size=(n, 28, 28), dtype=np.uint8)
-    labels = rng.integers(0, 10, size=n, dtype=np.uint8)
-    suffix = ".gz" if compress else ""
-    for prefix in ("train", "t10k"):
-        write_idx(folder / f"{prefix}-images-idx3-ubyte{suffix}", images, compress)
-        write_idx(folder / f"{prefix}-labels-idx1-ubyte{suffix}", labels, compress)
-    return images, labels
-
-
-def test_real_mnist_matches_canonical_facts(shared_data_root):
-    train = load_image_dataset("mnist", "train", shared_data_root)
-    test = load_image_dataset("mnist", "test", shared_data_root)
+def test_real_mnist_matches_canonical_facts(real_data):
+    train = load_image_dataset("mnist", "train", real_data("mnist"))
+    test = load_image_dataset("mnist", "test", real_data("mnist"))
     assert tuple(train.images.shape) == (60000, 1, 28, 28)
     assert tuple(test.images.shape) == (10000, 1, 28, 28)
     assert train.labels[:5].tolist() == [5, 0, 4, 1, 9]
@@ -64,11 +40,14 @@ def test_real_mnist_matches_canonical_facts(shared_data_root):
     assert train.mean[0] == pytest.approx(0.1307, abs=1e-4)
 
 
-def test_real_fashion_mnist_and_cifar10_counts(shared_data_root):
-    fashion = load_image_dataset("fashion-mnist", "test", shared_data_root)
+def test_real_fashion_mnist_counts(real_data):
+    fashion = load_image_dataset("fashion-mnist", "test", real_data("fashion-mnist"))
     assert tuple(fashion.images.shape) == (10000, 1, 28, 28)
     assert fashion.labels.bincount().tolist() == [1000] * 10
-    cifar = load_image_dataset("cifar10", "test", shared_data_root)
+
+
+def test_real_cifar10_counts(real_data):
+    cifar = load_image_dataset("cifar10", "test", real_data("cifar10"))
     assert tuple(cifar.images.shape) == (10000, 3, 32, 32)
     assert cifar.labels.bincount().tolist() == [1000] * 10
     assert cifar.class_names[0] == "airplane" and cifar.class_names[9] == "truck"
@@ -126,29 +105,14 @@ def test_label_count_mismatch_is_rejected(tmp_path):
         load_image_dataset("mnist", "train", tmp_path)
 
 
-def _jpeg(color: tuple[int, int, int]) -> bytes:
-    buf = io.BytesIO()
-    Image.new("RGB", (32, 32), color).save(buf, format="JPEG", quality=95)
-    return buf.getvalue()
-
-
-def _write_tar(path: Path, members: dict[str, bytes]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tarfile.open(path, "w:gz") as tar:
-        for name, data in members.items():
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-
-
 def test_small_cifar_tar_is_read_in_class_order(tmp_path):
     red, blue = (200, 30, 30), (20, 40, 220)
-    _write_tar(
+    write_tar(
         tmp_path / "cifar10_jpeg" / "test.tar.gz",
         {
-            "cifar10_jpeg/test/truck/0001.jpg": _jpeg(blue),
-            "cifar10_jpeg/test/airplane/0000.jpg": _jpeg(red),
-            "cifar10_jpeg/test/truck/0000.jpg": _jpeg(blue),
+            "cifar10_jpeg/test/truck/0001.jpg": jpeg(blue),
+            "cifar10_jpeg/test/airplane/0000.jpg": jpeg(red),
+            "cifar10_jpeg/test/truck/0000.jpg": jpeg(blue),
         },
     )
     split = load_image_dataset("cifar10", "test", tmp_path)
@@ -162,9 +126,7 @@ def test_small_cifar_tar_is_read_in_class_order(tmp_path):
 def test_cifar_errors_name_the_archive(tmp_path):
     with pytest.raises(FewshotError, match=r"missing .*train\.tar\.gz"):
         load_image_dataset("cifar10", "train", tmp_path)
-    _write_tar(
-        tmp_path / "cifar10_jpeg" / "test.tar.gz", {"x/test/unicorn/0.jpg": _jpeg((0, 0, 0))}
-    )
+    write_tar(tmp_path / "cifar10_jpeg" / "test.tar.gz", {"x/test/unicorn/0.jpg": jpeg((0, 0, 0))})
     with pytest.raises(FewshotError, match="unexpected member x/test/unicorn"):
         load_image_dataset("cifar10", "test", tmp_path)
     (tmp_path / "cifar10_jpeg" / "test.tar.gz").write_bytes(b"not a tar at all")
@@ -227,8 +189,8 @@ def test_regularization_losses_match_hand_computation():
 
 
 @pytest.mark.parametrize("method", ["oehg", "rhg", "trhg", "aid-cg"])
-def test_short_image_regularization_run_learns(shared_data_root, method):
-    data = draw_observed_data("mnist", 0, shared_data_root, n_observed=1000, n_test=500)
+def test_short_image_regularization_run_learns(digits_root, method):
+    data = draw_observed_data("mnist", 0, digits_root, n_observed=1000, n_test=500)
     settings = RegularizationSettings(
         dataset="mnist",
         model="sr",
@@ -246,10 +208,12 @@ def test_short_image_regularization_run_learns(shared_data_root, method):
     assert run(settings, data).outer_losses == result.outer_losses
 
 
-def test_image_regularization_cli(tmp_path, capsys, shared_data_root):
+def test_image_regularization_cli(tmp_path, capsys):
+    # The task observes 10000 training images and tests on 10000: the paper's sizes.
+    root = write_digits(tmp_path / "data", n_train=10000, n_test=10000)
     args = ["hpo", "image-regularization", "--dataset", "mnist", "--model", "sr"]
     args += ["--method", "oehg", "--resplits", "2", "--outer-steps", "2", "--seed", "4"]
-    args += ["--out", str(tmp_path), "--data-root", str(shared_data_root), "--device", "cpu"]
+    args += ["--out", str(tmp_path), "--data-root", str(root), "--device", "cpu"]
     assert main(args) == 0
     saved = json.loads((tmp_path / "imgreg_mnist_sr_oehg_seed4.json").read_text())
     out = capsys.readouterr().out
@@ -275,16 +239,16 @@ def test_corrupt_idx_and_jpeg_files_are_one_line_naming_the_file(tmp_path, capsy
     images.write_bytes(images.read_bytes()[:-20])  # truncated gzip stream
     err = _one_line_error(capsys, [*args, "--dataset", "mnist"])
     assert f"corrupt IDX file {images}" in err
-    _write_tar(
+    write_tar(
         tmp_path / "cifar10_jpeg" / "train.tar.gz",
         {
-            "c/train/cat/0000.jpg": _jpeg((10, 20, 30)),
-            "c/train/cat/0001.jpg": _jpeg((10, 20, 30))[:200],  # cut short
+            "c/train/cat/0000.jpg": jpeg((10, 20, 30)),
+            "c/train/cat/0001.jpg": jpeg((10, 20, 30))[:200],  # cut short
         },
     )
     err = _one_line_error(capsys, [*args, "--dataset", "cifar10"])
     assert "train.tar.gz: cannot decode c/train/cat/0001.jpg" in err
-    _write_tar(tmp_path / "cifar10_jpeg" / "train.tar.gz", {"c/train/cat/0.jpg": b"not a jpeg"})
+    write_tar(tmp_path / "cifar10_jpeg" / "train.tar.gz", {"c/train/cat/0.jpg": b"not a jpeg"})
     assert "cannot decode c/train/cat/0.jpg" in _one_line_error(
         capsys, [*args, "--dataset", "cifar10"]
     )

@@ -105,7 +105,7 @@ MATRIX = [
 
 
 @pytest.fixture(scope="module")
-def read_once(shared_data_root):
+def read_once(digits_root):
     """Every reader returns what it read the first time (the matrix reads the same sets
     hundreds of times); small data where the task fixes its size: image regularization
     observes 1000 images (not 10000) and tests on 500, the bias-variance table takes 2 lambdas
@@ -121,7 +121,7 @@ def read_once(shared_data_root):
         patch.setattr(image_regularization, "draw_observed_data", functools.cache(draw))
         patch.setattr(regularization, "load_dataset", functools.cache(regularization.load_dataset))
         patch.setattr(bias_variance, "LAMBDAS", 2)
-        yield str(shared_data_root)
+        yield str(digits_root)
     torch.set_num_threads(threads)
 
 
