@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
+from importlib import metadata
 
-from fewshot import __version__
 from fewshot.cli.compare import COMMANDS as COMPARE_COMMANDS
 from fewshot.cli.convert import COMMANDS as CONVERT_COMMANDS
+from fewshot.cli.data import COMMANDS as DATA_COMMANDS
 from fewshot.cli.eval import COMMANDS as EVAL_COMMANDS
 from fewshot.cli.import_metaoptnet import COMMANDS as IMPORT_COMMANDS
 from fewshot.cli.train import COMMANDS as TRAIN_COMMANDS
@@ -26,6 +27,7 @@ COMMANDS: list[Command] = [
     *PLOT_COMMANDS,
     *IMPORT_COMMANDS,
     *CONVERT_COMMANDS,
+    *DATA_COMMANDS,
     *HPO_COMMANDS,
 ]
 
@@ -35,7 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="fewshot", description="Few-shot meta-learning with ensemble hypergradients (EHG)."
     )
-    parser.add_argument("--version", action="version", version=f"fewshot {__version__}")
+    parser.add_argument(
+        "--version", action="version", version=f"fewshot {metadata.version('fewshot')}"
+    )
     # Command path prefix -> the add_parser of its sub-command group.
     adders: dict[tuple[str, ...], Callable[..., argparse.ArgumentParser]] = {
         (): parser.add_subparsers(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import inspect
 import json
 import math
@@ -276,6 +277,22 @@ def build(cls: type[T], layers: Sequence[tuple[str, dict]]) -> T:
         if label is None:  # a default that another given value rules out
             raise FewshotError(f"{flag_name(e.key)} {e.problem} (its default; set it)") from None
         raise FewshotError(f'{label}: "{e.key}" {e.problem}') from None
+
+
+def layered_constructor(cls: type[T]) -> type[T]:
+    """Make `cls(**values)` apply `cls.defaults_for(values)` under the values given, as `build`
+    does under flags and files: settings built in Python get the command line's defaults."""
+    generated = cls.__init__
+
+    @functools.wraps(generated)
+    def __init__(self: Any, **values: Any) -> None:
+        layered: dict = {}
+        for _, layer in cls.defaults_for(values):
+            layered.update(layer)
+        generated(self, **{**layered, **values})
+
+    cls.__init__ = __init__
+    return cls
 
 
 class OneLineParser(argparse.ArgumentParser):

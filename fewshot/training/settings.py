@@ -39,6 +39,7 @@ from fewshot.runtime.settings import (
     build,
     check_fields,
     check_options,
+    layered_constructor,
     read_json_object,
     refuse_unused,
     seed_setting,
@@ -161,6 +162,7 @@ class RunSettings:
         return asdict(self)
 
 
+@layered_constructor
 @dataclass
 class TrainSettings(RunSettings):
     """Everything that defines an episodic training run (saved in every checkpoint)."""
@@ -235,7 +237,7 @@ class TrainSettings(RunSettings):
                 f"must be a multiple of episodes_per_batch ({self.episodes_per_batch}), "
                 f"got {self.episodes_per_epoch}",
             )
-        limit = distinct_resplits(self.way, self.shot, self.query)
+        limit = distinct_resplits(self.way, self.shot, self.query, at_most=self.resplits)
         if self.resplits > limit:
             raise SettingError(
                 "resplits",
@@ -356,9 +358,9 @@ def make_config(
 # Settings renamed since checkpoints were first written: older checkpoints still load.
 RENAMED = {"ehg_splits": "resplits"}
 # What a checkpoint's config holds besides its settings: the data's geometry, the number of
-# classes a pretraining classifier covers, which command wrote it, and the normalisation
-# constants of its training images.
-CONFIG_EXTRAS = ("in_channels", "image_size", "classes", "stage", "mean", "std")
+# classes a pretraining classifier covers, which command wrote it, the normalisation
+# constants of its training images, and how the MAML family batched its problems there.
+CONFIG_EXTRAS = ("in_channels", "image_size", "classes", "stage", "mean", "std", "batching")
 STAGES: dict[str, type[RunSettings]] = {"train": TrainSettings, "pretrain": PretrainSettings}
 STAGE_WORDS = {
     "train": "meta-training (fewshot train)",
