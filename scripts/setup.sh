@@ -13,7 +13,7 @@ fi
 # The pinned torch/torchvision pair first, so nothing pulls a newer one.
 .venv/bin/python -m pip install -q "torch==2.14.1" "torchvision==0.29.1"
 if [ "${1:-}" = "test" ]; then
-    .venv/bin/python -m pip install -q -e ".[test]"
+    .venv/bin/python -m pip install -q -e ".[test,tensorboard,docs]"
     # qpth (the SVM head's comparison solver) pins numpy<2 in its metadata only, and
     # learn2learn requires qpth: both without their dependencies, so the suite runs on numpy 2
     # (their code does), learn2learn with what it imports. learn2learn 0.2.0 only builds on
@@ -25,5 +25,5 @@ if [ "${1:-}" = "test" ]; then
             .venv/bin/python -m pip install -q gym requests; } ||
         echo "note: learn2learn did not install; its reuse test will be skipped" >&2
 else
-    .venv/bin/python -m pip install -q -e .
+    .venv/bin/python -m pip install -q -e ".[tensorboard]"
 fi

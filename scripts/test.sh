@@ -9,6 +9,10 @@ scripts/setup.sh test
 .venv/bin/lint-imports
 .venv/bin/deptry .
 .venv/bin/vulture
+# The documentation site, strictly: a broken link or anchor, a bad docstring or a reference
+# without one fails (config in mkdocs.yml; NO_MKDOCS_2_WARNING: no banner of the theme's).
+# Not --quiet: it hides the warnings, and --strict then has none to fail on.
+NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
 # Two workers on two cores: one thread each (two threads each oversubscribe the CPU and take
 # about twice as long).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}

@@ -1,4 +1,5 @@
-"""The README's `fewshot` commands: every one parses and builds, and "Using it" runs end to end."""
+"""The `fewshot` commands of the README and the documentation pages (docs/): every one parses
+and builds, and the tour under "Using it" (docs/getting-started.md) runs end to end."""
 
 from __future__ import annotations
 
@@ -15,9 +16,15 @@ from fewshot.cli.main import COMMANDS, build_parser, main
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
+GETTING_STARTED = "docs/getting-started.md"
+# The README first, then every page of the documentation site, as paths from the repository.
+PAGES = [
+    "README.md",
+    *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").rglob("*.md")),
+]
 SHELL_FENCES = {"bash", "sh", "shell"}
 
-# Placeholders of the README, as a whole argument or a path's first component, and what they
+# Placeholders of the pages, as a whole argument or a path's first component, and what they
 # stand for here (run in a folder that holds `models` and a tiny trained run in runs/omni).
 PLACEHOLDERS = {
     "REPO": ".",
@@ -30,7 +37,7 @@ PLACEHOLDERS = {
     "K": "5",
     "IMAGES": "images",
 }
-# Inline spans that name a command with one of its flags but are not meant to be run.
+# Inline spans of the pages that name a command with one of its flags but are not meant to be run.
 FRAGMENTS = {"fewshot eval --per-episode", "fewshot hpo NAME"}
 # Every command path and every group above one ("hpo"), longest first.
 NAMES = sorted(
@@ -56,12 +63,13 @@ RUN_FILES = ("best.pt", "last.pt", "metrics.jsonl", "config.json")
 
 
 class Command(NamedTuple):
-    """One `fewshot` command of the README: where it is, how it is launched, its arguments."""
+    """One `fewshot` command of a page: where it is, how it is launched, its arguments."""
 
-    line: int  # 1-based line of the README where it starts
+    line: int  # 1-based line of the page where it starts
     block: int | None  # line of the opening fence of its shell block, None outside one
     launcher: str | None  # "torchrun" for `torchrun ... -m fewshot ...`, else None
     argv: list[str]  # the arguments after `fewshot`, placeholders in place
+    page: str = "README.md"  # the file it is in, from the repository root
 
     @property
     def path(self) -> tuple[str, ...]:
@@ -70,7 +78,7 @@ class Command(NamedTuple):
 
     @property
     def id(self) -> str:
-        return f"line{self.line}-{'-'.join(self.path) or 'unknown'}"
+        return f"{self.page}:{self.line}-{'-'.join(self.path) or 'unknown'}"
 
 
 def code_lines(lines: list[str]) -> list[tuple[int, int | None, str]]:
@@ -114,7 +122,7 @@ def fewshot_argv(text: str) -> tuple[str | None, list[str]] | None:
 
 
 def substitute(argv: list[str]) -> list[str]:
-    """The README's placeholders replaced by paths and values of this test."""
+    """The pages' placeholders replaced by paths and values of this test."""
     out = []
     for token in argv:
         head, sep, rest = token.partition("/")
@@ -132,15 +140,15 @@ def prose(text: str, skip: set[int] = frozenset()) -> str:
     return "\n".join(kept)
 
 
-def readme_commands(text: str = README) -> list[Command]:
-    """Every `fewshot` command of the README, in order: shell blocks, indented code lines and
+def readme_commands(text: str = README, page: str = "README.md") -> list[Command]:
+    """Every `fewshot` command of a page, in order: shell blocks, indented code lines and
     inline `fewshot ...` spans that give arguments (the bare command names are prose)."""
     commands = []
     code = code_lines(text.splitlines())
     for number, block, line in code:
         parsed = fewshot_argv(line)
         if parsed:
-            commands.append(Command(number, block, parsed[0], substitute(parsed[1])))
+            commands.append(Command(number, block, parsed[0], substitute(parsed[1]), page))
     # Inline spans, in the text left after fenced blocks and code lines are blanked out.
     skip = {number for number, _, _ in code}
     prose_text = prose(text, skip)
@@ -148,21 +156,22 @@ def readme_commands(text: str = README) -> list[Command]:
         span = " ".join(m.group(1).split())
         if not span.startswith("fewshot ") or span in FRAGMENTS:
             continue
-        command = Command(prose_text.count("\n", 0, m.start()) + 1, None, None, span.split()[1:])
+        line = prose_text.count("\n", 0, m.start()) + 1
+        command = Command(line, None, None, span.split()[1:], page)
         if len(command.argv) > len(command.path):  # more than a command's name
             commands.append(command._replace(argv=substitute(shlex.split(span)[1:])))
     return sorted(commands, key=lambda c: c.line)
 
 
 def using_it_block(commands: list[Command]) -> list[Command]:
-    """The commands of the first shell block under "## Using it"."""
-    lines = README.splitlines()
+    """The commands of the first shell block under "## Using it" of the getting-started page."""
+    lines = (REPO / GETTING_STARTED).read_text().splitlines()
     start = lines.index("## Using it")
     fence = next(n for n, line in enumerate(lines[start:], start + 1) if line.strip() == "```bash")
-    return [c for c in commands if c.block == fence]
+    return [c for c in commands if c.page == GETTING_STARTED and c.block == fence]
 
 
-COMMANDS_OF_README = readme_commands()
+COMMANDS_OF_PAGES = [c for page in PAGES for c in readme_commands((REPO / page).read_text(), page)]
 
 
 def tiny_run(folder: Path, data_root: Path) -> None:
@@ -173,7 +182,7 @@ def tiny_run(folder: Path, data_root: Path) -> None:
 
 @pytest.fixture(scope="module")
 def readme_dir(tmp_path_factory, tiny_omniglot_root):
-    """A working folder for the README's relative paths: `models` from the repository, a
+    """A working folder for the pages' relative paths: `models` from the repository, a
     tiny trained run in runs/omni (what --resume and the checkpoint placeholders point at) and
     a folder data set of RGB images in images/."""
     folder = tmp_path_factory.mktemp("readme")
@@ -187,17 +196,17 @@ def readme_dir(tmp_path_factory, tiny_omniglot_root):
 
 
 def test_extractor_finds_every_kind_of_command():
-    paths = [c.path for c in COMMANDS_OF_README]
+    paths = [c.path for c in COMMANDS_OF_PAGES]
     missing = [" ".join(p) for p in MUST_APPEAR if p not in paths]
-    assert not missing, f"README commands not found by the extractor: {missing}"
-    assert len(COMMANDS_OF_README) >= 12
+    assert not missing, f"commands of the pages not found by the extractor: {missing}"
+    assert len(COMMANDS_OF_PAGES) >= 12
     # One of each source: a continued shell line, an indented code line, an inline span.
-    first = next(c for c in COMMANDS_OF_README if c.block is not None)
+    first = next(c for c in COMMANDS_OF_PAGES if c.page == GETTING_STARTED and c.block)
     assert first.path == ("train",) and "--config" in first.argv and "--out" in first.argv
-    hpo = [c for c in COMMANDS_OF_README if c.path == ("hpo", "regularization")]
+    hpo = [c for c in COMMANDS_OF_PAGES if c.path == ("hpo", "regularization")]
     assert hpo and hpo[0].argv[-2:] == ["--out", "runs/hpo"]
-    assert any(c.block is None and c.path == ("hpo", "bias-variance") for c in COMMANDS_OF_README)
-    assert [c.launcher for c in COMMANDS_OF_README].count("torchrun") >= 1
+    assert any(c.block is None and c.path == ("hpo", "bias-variance") for c in COMMANDS_OF_PAGES)
+    assert [c.launcher for c in COMMANDS_OF_PAGES].count("torchrun") >= 1
 
 
 def test_extractor_joins_continuations_and_drops_comments():
@@ -227,20 +236,21 @@ def test_extractor_joins_continuations_and_drops_comments():
     ]
 
 
-def test_fragments_are_still_in_the_readme():
-    spans = {" ".join(s.split()) for s in re.findall(r"`([^`]+)`", prose(README))}
-    assert spans >= FRAGMENTS, "drop the FRAGMENTS entries that the README no longer has"
+def test_fragments_are_still_in_the_pages():
+    text = "\n".join(prose((REPO / page).read_text()) for page in PAGES)
+    spans = {" ".join(s.split()) for s in re.findall(r"`([^`]+)`", text)}
+    assert spans >= FRAGMENTS, "drop the FRAGMENTS entries that the pages no longer have"
 
 
-@pytest.mark.parametrize("command", COMMANDS_OF_README, ids=lambda c: c.id)
+@pytest.mark.parametrize("command", COMMANDS_OF_PAGES, ids=lambda c: c.id)
 def test_readme_command_builds(command, readme_dir, monkeypatch):
     monkeypatch.chdir(readme_dir)
     unknown = [t for t in command.argv if re.fullmatch(r"[A-Z][A-Z_]*", t.partition("/")[0])]
-    assert not unknown, f"README line {command.line}: unknown placeholders {unknown}"
+    assert not unknown, f"{command.page}:{command.line}: unknown placeholders {unknown}"
     try:
         args = build_parser().parse_args(command.argv)
     except SystemExit:  # argparse printed why
-        pytest.fail(f"README line {command.line}: fewshot {shlex.join(command.argv)} is refused")
+        pytest.fail(f"{command.page}:{command.line}: fewshot {shlex.join(command.argv)} is refused")
     assert args._command.path == command.path
     settings = args._command.build_settings(args)  # a FewshotError names the bad value
     assert [type(s) for s in settings] == list(args._command.settings)
@@ -251,7 +261,7 @@ def test_using_it_runs_end_to_end(tmp_path, tiny_omniglot_root, monkeypatch, cap
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("FEWSHOT_DATA", str(tiny_omniglot_root))
     (tmp_path / "models").symlink_to(REPO / "models")
-    block = using_it_block(COMMANDS_OF_README)
+    block = using_it_block(COMMANDS_OF_PAGES)
     assert [c.path for c in block if c.launcher is None] == [
         ("train",),
         ("train",),
@@ -273,14 +283,14 @@ def test_using_it_runs_end_to_end(tmp_path, tiny_omniglot_root, monkeypatch, cap
         extra |= {"train": ["--epochs", "2"] if resume else TINY_TRAIN}
         if name == "train" and not resume:
             runs.append(Path(settings.out))
-        elif name == "compare-seeds":  # the seeds' runs: the README's first train, U = 1 and 5
+        elif name == "compare-seeds":  # the seeds' runs: the block's first train, U = 1 and 5
             for arm, resplits in ((settings.a, "1"), (settings.b, "5")):
                 for seed, folder in enumerate(arm):
                     argv = [*first_train, *TINY_TRAIN, "--seed", str(seed), "--out", folder]
                     assert main([*argv, "--resplits", resplits]) == 0, folder
                     runs.append(Path(folder))
         capsys.readouterr()
-        assert main([*command.argv, *extra.get(name, [])]) == 0, f"README line {command.line}"
+        assert main([*command.argv, *extra.get(name, [])]) == 0, f"{command.page}:{command.line}"
         out = capsys.readouterr().out
         if name == "train" and resume:
             metrics = Path(resume).parent / "metrics.jsonl"
