@@ -7,6 +7,7 @@ figure that matters.
 
     python -m benchmarks.bench_adaptation
     python -m benchmarks.bench_adaptation --methods anil maml --batch 8 --repeats 3
+    python -m benchmarks.bench_adaptation --smoke    # seconds: the test suite's run
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ OPTIONS = {
     "anil": {"inner_steps": 1, "inner_lr": 0.4},
     "imaml": {"inner_steps": 5, "inner_lr": 0.1, "solver_steps": 5},
 }
+SMOKE = {"batch": 2, "query": 2, "repeats": 1}
 
 
 def step_seconds(method, images, resplits, shot: int) -> float:
@@ -53,7 +55,10 @@ def main() -> None:
     parser.add_argument("--resplits", type=int, default=5, help="U of the EHG arm")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per arm")
     parser.add_argument("--device", default="auto", choices=DEVICES)
+    parser.add_argument("--smoke", action="store_true", help="2 episodes of 2 queries, 1 repeat")
     args = parser.parse_args()
+    if args.smoke:
+        vars(args).update(SMOKE)
     device = resolve_device(args.device)
     generator = torch.Generator().manual_seed(0)
     pool = args.shot + args.query

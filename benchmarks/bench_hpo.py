@@ -8,6 +8,7 @@ weights and, for OEHG, one step of the deployed model. Reports the median over -
 one warm-up; MNIST is read from --data-root (skipped with a note when it is not there).
 
     OMP_NUM_THREADS=1 python -m benchmarks.bench_hpo --data-root DIR [--dataset a1a] [--repeats 10]
+    python -m benchmarks.bench_hpo --smoke [--data-root DIR]    # seconds: the test suite's run
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ from fewshot.hpo.tasks.classifiers import init_classifier
 from fewshot.hpo.tasks.image_regularization import draw_observed_data, regularization_problem
 from fewshot.hpo.tasks.regularization import default_inner_lr, make_problem
 from fewshot.runtime.errors import FewshotError
+
+# --smoke: K = 4, Z = 2, one timed step.
+SMOKE = {"repeats": 1, "inner_steps": 4, "solver_steps": 2}
 
 
 @dataclass
@@ -86,16 +90,16 @@ def _median_ms(step: Callable[[], object], repeats: int) -> float:
     return 1000 * statistics.median(times)
 
 
-def time_task(task: Task, repeats: int) -> list[float]:
-    """Milliseconds per outer step of RHG, AID-CG and OEHG on one task."""
+def time_task(task: Task, repeats: int, k: int, z: int) -> list[float]:
+    """Milliseconds per outer step of RHG (K = k), AID-CG (K = k, Z = z) and OEHG on one task."""
     p, theta0, lam0, splits = task.problem, task.theta0, task.lam0, task.splits
 
     def offline(estimator) -> Callable[[], object]:
         return lambda: optimize_offline(estimator, p, theta0, lam0, splits[:1], 1, 0.01, 0)
 
     steps = [
-        offline(lambda *a, **k: rhg(*a, steps=128, **k)),
-        offline(lambda *a, **k: aid_cg(*a, steps=128, solver_steps=20, **k)),
+        offline(lambda *a, **kw: rhg(*a, steps=k, **kw)),
+        offline(lambda *a, **kw: aid_cg(*a, steps=k, solver_steps=z, **kw)),
         lambda: oehg(p, theta0, lam0, splits, splits[0][0], 1, 0.01, 1),
     ]
     return [_median_ms(step, repeats) for step in steps]
@@ -107,17 +111,23 @@ def main() -> None:
     parser.add_argument("--dataset", default="a1a", help="LIBSVM classification set")
     parser.add_argument("--data-root", default=None)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--inner-steps", type=int, default=128, help="K of RHG and AID-CG")
+    parser.add_argument("--solver-steps", type=int, default=20, help="Z of AID-CG")
+    parser.add_argument("--smoke", action="store_true", help="K = 4, Z = 2, 1 repeat")
     args = parser.parse_args()
+    if args.smoke:
+        vars(args).update(SMOKE)
+    k, z = args.inner_steps, args.solver_steps
 
     tasks = [libsvm_task(args.dataset, args.data_root)]
     try:
         tasks.append(mnist_sr_task(args.data_root))
     except FewshotError as e:
         print(f"MNIST-SR skipped: {e}")
-    columns = [time_task(task, args.repeats) for task in tasks]
+    columns = [time_task(task, args.repeats, k, z) for task in tasks]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); ms per outer step")
     print(f"{'method':28s}" + "".join(f" {task.name:>24s}" for task in tasks))
-    names = ("RHG (K=128, U=1)", "AID-CG (K=128, Z=20, U=1)", "OEHG (U=5, K=1)")
+    names = (f"RHG (K={k}, U=1)", f"AID-CG (K={k}, Z={z}, U=1)", "OEHG (U=5, K=1)")
     for i, name in enumerate(names):
         print(f"{name:28s}" + "".join(f" {column[i]:24.2f}" for column in columns))
 

@@ -1,13 +1,14 @@
 """Wall time of a full data hyper-cleaning run (MNIST, softmax regression, OEHG by default).
 
 Runs `fewshot hpo cleaning` with the default settings (8000/2000/10000, 50% corrupted labels,
-U = 5, T = 1000) in this process, times it, and writes OUT/bench_cleaning.json with the wall time
-next to the run's own result (the run's JSON lands in OUT too, so experiments.hpo_cleaning.table
-can use it).
+U = 5, T = 1000) in this process, times it, and writes OUT/bench_RESULT.json (RESULT: the run's
+JSON, which lands in OUT too, so experiments.hpo_cleaning.table can use it) with the wall time
+next to the run's own result.
 The issue's target: a full MNIST-SR OEHG run in under 15 minutes on the project's 2-core CPU.
 
     OMP_NUM_THREADS=1 python -m benchmarks.bench_hpo_cleaning --data-root DIR [--method oehg] \
         [--model sr] [--out runs/hpo_cleaning]
+    python -m benchmarks.bench_hpo_cleaning --smoke --data-root DIR --out DIR  # the suite's run
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from experiments.hpo_cleaning.table import smoke_flags
 from fewshot.cli.main import main as fewshot_main
 from fewshot.hpo.tasks.cleaning import result_stem
 from fewshot.runtime.io import atomic_write_json
@@ -35,7 +37,12 @@ def main() -> None:
     parser.add_argument("--method", default="oehg")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/hpo_cleaning")
+    parser.add_argument(
+        "--smoke", action="store_true", help="a few hundred images, 2 outer steps (the suite's)"
+    )
     args, extra = parser.parse_known_args()
+    if args.smoke:  # the sizes of the cleaning table's smoke run, before the caller's flags
+        extra = [*smoke_flags((args.dataset, args.model, args.method, args.seed)), *extra]
     argv = ["hpo", "cleaning", "--dataset", args.dataset, "--model", args.model]
     argv += ["--method", args.method, "--seed", str(args.seed), "--out", args.out]
     argv += ["--device", "cpu", *extra]

@@ -9,6 +9,7 @@ Each rank touches every page of its images, then reports its load time, its resi
 among the processes mapping them). Run from the repository root:
 
     python -m benchmarks.bench_memmap --fraction 0.25 --root /tmp/bench_tiered
+    python -m benchmarks.bench_memmap --smoke --root DIR    # seconds: the test suite's run
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from fewshot.runtime.distributed import init_distributed
 
 TIERED_TRAIN_IMAGES = 448_695
 TIERED_TRAIN_CLASSES = 351
+SMOKE_FRACTION = 0.001  # 449 images, 9 MiB
 
 
 def memory_gib() -> tuple[float, float]:
@@ -102,7 +104,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=29531)
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--converted", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true", help=f"--fraction {SMOKE_FRACTION}")
     args = parser.parse_args()
+    if args.smoke:
+        args.fraction = SMOKE_FRACTION
     if args.worker:
         worker(args.root, args.converted)
         return

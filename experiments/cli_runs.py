@@ -1,23 +1,33 @@
 """Driving the `fewshot` commands from a study: runs started, resumed or skipped, and
-evaluations cached as their JSON, so that a study can be stopped and run again."""
+evaluations cached as their JSON, so that a study can be stopped and run again. The commands
+run in the study's process, as typed on the command line."""
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import torch
 
+from fewshot.cli.main import main as fewshot_main
 from fewshot.runtime.io import atomic_write_json, atomic_write_text, load_checkpoint
 
 
 def fewshot(*args: str) -> None:
     """Run a fewshot command, stopping the study if it fails."""
-    command = [sys.executable, "-m", "fewshot", *args]
-    print("$", " ".join(command[2:]), flush=True)
-    subprocess.run(command, check=True)
+    print("$ fewshot", " ".join(args), flush=True)
+    if fewshot_main(list(args)) != 0:
+        raise SystemExit(f"failed: fewshot {' '.join(args)}")
+
+
+def config_overrides(data_root: str | None, **sizes: int | None) -> list[str]:
+    """Flags replacing a config's settings: --data-root and every size given (None: keep the
+    config's), e.g. episodes_per_epoch=4 -> --episodes-per-epoch 4."""
+    flags = ["--data-root", data_root] if data_root else []
+    for name, value in sizes.items():
+        if value is not None:
+            flags += [f"--{name.replace('_', '-')}", str(value)]
+    return flags
 
 
 def finished(run: str, epochs: int) -> bool:
@@ -59,13 +69,13 @@ def evaluate(
 
 
 def compare_seeds(
-    a: list[str], b: list[str], way: int, shot: int, episodes: int, out: Path
+    a: list[str], b: list[str], way: int, shot: int, episodes: int, out: Path, flags: list[str]
 ) -> dict:
     """`fewshot compare-seeds` of two arms' last checkpoints on seeded episodes (cached)."""
     if not out.is_file():
         fewshot(
             "compare-seeds", "--a", *[f"{r}/last.pt" for r in a], "--b",
-            *[f"{r}/last.pt" for r in b], "--way", str(way), "--shot", str(shot),
+            *[f"{r}/last.pt" for r in b], *flags, "--way", str(way), "--shot", str(shot),
             "--episodes", str(episodes), "--seed", "0", "--out", str(out),
         )  # fmt: skip
     return json.loads(out.read_text())

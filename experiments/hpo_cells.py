@@ -1,5 +1,6 @@
 """Shared by the image-task table drivers (experiments.hpo_cleaning.table and
-experiments.hpo_image_regularization.table): cell-selection flags, missing-cell runs, output."""
+experiments.hpo_image_regularization.table): cell-selection flags, missing-cell runs, the smoke
+mode, output."""
 
 from __future__ import annotations
 
@@ -7,10 +8,19 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
+from experiments.smoke import add_smoke_flag, smoke_folder
 from fewshot.cli.main import main as fewshot_main
 from fewshot.runtime.io import atomic_write_json, atomic_write_text
 
 Cell = tuple[str, str, str, int]  # dataset, model, method, seed
+# --smoke: every model and method on MNIST, one seed, run into a folder of its own...
+SMOKE = {"run": True, "datasets": "mnist", "seeds": "0"}
+# ...each method at its smallest K, T-RHG window or U.
+SMOKE_METHOD_FLAGS = {
+    "rhg": ["--inner-steps", "2"],
+    "trhg": ["--inner-steps", "2", "--truncate", "1"],
+    "oehg": ["--resplits", "2"],
+}
 
 
 def csv(text: str) -> list[str]:
@@ -27,6 +37,14 @@ def add_cell_arguments(parser: argparse.ArgumentParser, out: str, datasets: str)
     parser.add_argument("--models", default="sr,mlp")
     parser.add_argument("--methods", default="rhg,trhg,oehg")
     parser.add_argument("--seeds", default="0,1,2", help="the committed tables' seeds")
+    add_smoke_flag(parser)
+
+
+def apply_smoke(args: argparse.Namespace) -> None:
+    """Under --smoke: the smoke selection, into a folder of its own (not the recorded tables)."""
+    if args.smoke:
+        vars(args).update(SMOKE)
+        args.out = str(smoke_folder(args.out))
 
 
 def selection(args: argparse.Namespace) -> tuple[list[str], list[str], list[str], list[int]]:
@@ -42,15 +60,19 @@ def cells(args: argparse.Namespace) -> list[Cell]:
 
 
 def run_missing(
-    command: str, args: argparse.Namespace, result: Callable[[Cell], Path], extra: list[str]
+    command: str,
+    args: argparse.Namespace,
+    result: Callable[[Cell], Path],
+    extra: Callable[[Cell], list[str]],
 ) -> None:
-    """Run `fewshot hpo COMMAND` for every selected cell whose result file is missing."""
+    """Run `fewshot hpo COMMAND` for every selected cell whose result file is missing, with the
+    cell's `extra` flags."""
     for cell in cells(args):
         if result(cell).is_file():
             continue
         dataset, model, method, seed = cell
         argv = ["hpo", command, "--dataset", dataset, "--model", model, "--method", method]
-        argv += ["--seed", str(seed), "--out", args.out, *extra]
+        argv += ["--seed", str(seed), "--out", args.out, *extra(cell)]
         if args.data_root:
             argv += ["--data-root", args.data_root]
         print("fewshot " + " ".join(argv), flush=True)

@@ -15,6 +15,7 @@ Resumable: finished runs are skipped and test accuracies cached (the runs of par
 ../ehg_seeds/study.py's training and test functions and its cache files).
 
     python -m experiments.bf16_omniglot.study                # from the repository root
+    python -m experiments.bf16_omniglot.study --smoke --out DIR    # the test suite's run
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 import torch
 
 from experiments.ehg_seeds import study as seeds
+from experiments.smoke import add_smoke_flag, omniglot_root, smoke_folder
 from fewshot.datasets import load_split
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeShape
@@ -42,10 +44,13 @@ from fewshot.training.settings import TrainSettings, read_config_file
 TRAINVAL_CONFIG = "models/omniglot/protonet_conv4_trainval.json"
 TRAINVAL_FLOAT32 = "models/omniglot/protonet_conv4_trainval.pt"
 ZOO_SHAPES = [(5, 1), (5, 5), (20, 1), (20, 5)]  # the zoo README's test shapes, 15 queries
+# --smoke: part 1 trains one 5-way step; part 2 the smoke runs of ../ehg_seeds; a few episodes.
+SMOKE = {"seeds": seeds.SMOKE["seeds"], "episodes": 4}
+SMOKE_TRAINVAL = {"way": 5, "epochs": 1, "episodes_per_epoch": 1, "val_episodes": 2}
 
 
-def parse_args() -> argparse.Namespace:
-    """The study's settings."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The study's settings (from the command line unless `argv` is given)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", default="runs/bf16_omniglot", help="folder for new runs")
     parser.add_argument("--seed-runs", default="runs/ehg_seeds", help="../ehg_seeds' runs")
@@ -55,7 +60,15 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--skip-trainval", action="store_true", help="part 2 only, no report")
     parser.add_argument("--skip-heads", action="store_true", help="part 1 only, no report")
     parser.add_argument("--out", default="experiments/bf16_omniglot", help="results folder")
-    return parser.parse_args()
+    parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
+    add_smoke_flag(parser)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE)
+        out = smoke_folder(args.out)
+        args.out, args.runs, args.seed_runs = str(out), str(out / "runs"), str(out / "seed_runs")
+        args.data_root = args.data_root or str(omniglot_root(out / "data"))
+    return args
 
 
 def in_percent(d: Difference) -> dict:
@@ -68,7 +81,8 @@ def trainval_run(args: argparse.Namespace) -> tuple[Path, float]:
     seconds of its training steps (the trainer's clock)."""
     folder = Path(args.runs) / "protonet_conv4_trainval_bf16"
     layers = [(f"config file {TRAINVAL_CONFIG}", read_config_file(TRAINVAL_CONFIG))]
-    layers.append(("study", {"amp": "bf16", "out": str(folder), "device": "cpu"}))
+    study = {"amp": "bf16", "out": str(folder), "device": "cpu", "data_root": args.data_root}
+    layers.append(("study", {**study, **(SMOKE_TRAINVAL if args.smoke else {})}))
     return folder, seeds.train(build(TrainSettings, layers))["train_seconds"]
 
 
@@ -94,7 +108,7 @@ def part_trainval(args: argparse.Namespace) -> dict:
     """Part 1: the four tests and their paired differences, per shape."""
     folder, train_seconds = trainval_run(args)
     checkpoints = {"float32": TRAINVAL_FLOAT32, "bf16": str(folder / "last.pt")}
-    split = load_split("omniglot", "test")
+    split = load_split("omniglot", "test", args.data_root)
     acc = {}
     for run, checkpoint in checkpoints.items():
         for amp in ("off", "bf16"):
@@ -120,12 +134,17 @@ def part_trainval(args: argparse.Namespace) -> dict:
 def part_heads(args: argparse.Namespace) -> dict:
     """Part 2: ridge and SVM runs of ../ehg_seeds in float32 and bf16, paired by seed."""
     torch.set_num_threads(1)  # as the float32 runs of ../ehg_seeds
-    splits = {"test": load_split("omniglot", "test")}
+    splits = {"test": load_split("omniglot", "test", args.data_root)}
     common = ["--heads", args.heads, "--resplits", "1", "--seeds", args.seeds]
+    if args.data_root:
+        common += ["--data-root", args.data_root]
     arms = {
         amp: seeds.parse_args([*common, "--amp", amp, "--runs", runs])
         for amp, runs in (("off", args.seed_runs), ("bf16", args.runs))
     }
+    if args.smoke:  # the runs of ../ehg_seeds' smoke mode, here
+        for arm in arms.values():
+            vars(arm).update(seeds.SMOKE)
     models: dict = {}
     for seed in map(int, args.seeds.split(",")):
         for head in args.heads.split(","):
@@ -211,9 +230,9 @@ def tables(trainval: dict, heads: dict, args: argparse.Namespace) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Train and test what is missing; with both parts, write results.json and results.md."""
-    args = parse_args()
+    args = parse_args(argv)
     retain_freed_memory()  # as the fewshot command
     trainval = None if args.skip_trainval else part_trainval(args)
     heads = None if args.skip_heads else part_heads(args)

@@ -6,13 +6,14 @@ step of 0.4, three at test time) in meta-batches of 4, 800 training episodes, 5-
 Any flag of that driver given here overrides the default.
 
     python -m experiments.ehg_adaptation.study    # from the repository root
+    python -m experiments.ehg_adaptation.study --smoke --out DIR    # the test suite's run
 """
 
 from __future__ import annotations
 
 import sys
 
-from experiments.ehg_convergence.study import main
+from experiments.ehg_convergence import study as convergence
 
 DEFAULTS = [
     "--methods", "anil,maml", "--way", "5", "--query", "15", "--test-ways", "5",
@@ -21,5 +22,11 @@ DEFAULTS = [
     "--runs", "runs/ehg_adaptation", "--out", "experiments/ehg_adaptation",
 ]  # fmt: skip
 
+
+def main(argv: list[str] | None = None) -> None:
+    """The convergence study with this study's defaults, under the given flags."""
+    convergence.main([*DEFAULTS, *(sys.argv[1:] if argv is None else argv)])
+
+
 if __name__ == "__main__":
-    main([*DEFAULTS, *sys.argv[1:]])
+    main()

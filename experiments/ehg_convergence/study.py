@@ -15,6 +15,7 @@ Resumable: finished runs are skipped, unfinished ones continued with --resume, a
 are cached as the JSON files of compare-seeds / compare; results are rewritten after every job.
 
     python -m experiments.ehg_convergence.study    # from the repository root
+    python -m experiments.ehg_convergence.study --smoke --out DIR    # the test suite's run
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from experiments.smoke import add_smoke_flag, omniglot_root, smoke_folder
+
 # The U flag of `fewshot train`, in one place: the library may rename it.
 EHG_FLAG = "--resplits"
 # Every method a study can train: its name in tables, and the `fewshot train` flags picking it.
@@ -46,6 +49,13 @@ METHODS = {
     "anil": ("ANIL", ["--method", "anil", *MAML_SETTING]),
     "maml": ("MAML", ["--method", "maml", *MAML_SETTING]),
 }
+# --smoke: two seeds (compare-seeds needs two), one small step per epoch, a few episodes, and
+# the CLI processes at the test suite's priority.
+SMOKE = {
+    "seeds": "0,1", "method_seeds": "", "way": 5, "query": 2, "epochs": 2,
+    "episodes_per_epoch": 2, "episodes_per_batch": 2, "val_episodes": 2, "test_episodes": 4,
+    "nice": 0,
+}  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -80,13 +90,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--nice", type=int, default=10, help="niceness of every CLI process")
     parser.add_argument("--runs", default="runs/ehg_convergence", help="folder for run folders")
     parser.add_argument("--out", default="experiments/ehg_convergence", help="results folder")
+    parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
     parser.add_argument(
         "--report-only", action="store_true", help="run nothing: tabulate what is finished"
     )
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE)
+        args.out = smoke_folder(args.out)
+        args.runs = args.out / "runs"
+        args.data_root = args.data_root or omniglot_root(args.out / "data")
     # The CLI runs in --cli-dir: every path handed to it must not depend on the working folder.
     args.runs, args.out = Path(args.runs).resolve(), Path(args.out).resolve()
+    if args.data_root:
+        args.data_root = Path(args.data_root).resolve()
     return args
+
+
+def data_flags(args: argparse.Namespace) -> list[str]:
+    """--data-root for the CLI, when the study was given one."""
+    return ["--data-root", str(args.data_root)] if args.data_root else []
 
 
 def ints(text: str) -> list[int]:
@@ -141,7 +165,7 @@ def train_argv(args: argparse.Namespace, method: str, u: int, seed: int) -> list
         "--episodes-per-batch", str(args.episodes_per_batch), EHG_FLAG, str(u),
         "--optimizer", "adam", "--lr", str(args.lr), "--weight-decay", "0",
         "--lr-schedule", json.dumps([[args.epochs // 2, 0.5]]), "--amp", args.amp,
-        "--seed", str(seed), "--device", "cpu", "--out", str(folder),
+        "--seed", str(seed), "--device", "cpu", "--out", str(folder), *data_flags(args),
     ]  # fmt: skip
 
 
@@ -150,7 +174,7 @@ def test_flags(args: argparse.Namespace, way: int) -> list[str]:
     return [
         "--way", str(way), "--shot", "1", "--query", "15",
         "--episodes", str(args.test_episodes), "--seed", str(args.test_seed),
-        "--device", "cpu", "--amp", args.amp,
+        "--device", "cpu", "--amp", args.amp, *data_flags(args),
     ]  # fmt: skip
 
 
@@ -291,7 +315,7 @@ def schedule(args: argparse.Namespace) -> None:
                     pending.remove(job)
                     running[job.name] = (launch(args, job), time.time())
                     print(f"{time.strftime('%H:%M:%S')} start: {job.name}", flush=True)
-            time.sleep(5)
+            time.sleep(1)
     finally:
         for process, _ in running.values():
             process.terminate()

@@ -11,6 +11,7 @@ Resumable: a run whose last.pt holds the final epoch is skipped, an unfinished o
 and test accuracies are cached in the run folder, so the driver can be stopped and rerun.
 
     python -m experiments.ehg_seeds.study    # from the repository root
+    python -m experiments.ehg_seeds.study --smoke --out DIR    # seconds: the test suite's run
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from experiments.smoke import add_smoke_flag, omniglot_root, smoke_folder
 from fewshot.datasets import load_split
 from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluation.episodes import episode_accuracies
@@ -44,6 +46,11 @@ HEAD_NAMES = {"protonet": "ProtoNet", "ridge": "ridge", "svm": "SVM"}
 # (the qpth extra; the default solver converges instead, see experiments/svm_solver/).
 HEAD_OPTIONS = {"svm": {"solver": "qpth"}}
 EVAL_HEAD_OPTIONS = {"svm": {"solver": "qpth", "max_iter": 3}}
+# --smoke: two seeds (the paired differences need two), one small step per epoch, a few episodes.
+SMOKE = {
+    "seeds": "0,1", "way": 5, "query": 2, "epochs": 2, "episodes_per_epoch": 2,
+    "val_episodes": 2, "test_episodes": 4,
+}  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -75,10 +82,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--runs", default="runs/ehg_seeds", help="folder for the run folders")
     parser.add_argument("--out", default="experiments/ehg_seeds", help="folder for the results")
+    parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
     parser.add_argument(
         "--report-only", action="store_true", help="no training: tabulate the finished runs"
     )
-    return parser.parse_args(argv)
+    add_smoke_flag(parser)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE)
+        out = smoke_folder(args.out)
+        args.out, args.runs = str(out), str(out / "runs")
+        args.data_root = args.data_root or str(omniglot_root(out / "data"))
+    return args
 
 
 def cells(args: argparse.Namespace) -> list[tuple[str, int]]:
@@ -122,6 +137,7 @@ def train_config(args: argparse.Namespace, head: str, u: int, seed: int) -> Trai
         lr_schedule=[[args.epochs // 2, 0.5]],
         seed=seed,
         device="cpu",
+        data_root=args.data_root,
         out=str(run_dir(args, head, u, seed)),
     )
 
@@ -362,11 +378,11 @@ def write(args: argparse.Namespace, models: list[dict]) -> None:
     atomic_write_text(tables(args, models, summary), out / "results.md")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Train (or skip / resume) every model seed by seed, test it, and write the results."""
-    args = parse_args()
+    args = parse_args(argv)
     torch.set_num_threads(args.threads)
-    splits = {"test": load_split("omniglot", "test")}
+    splits = {"test": load_split("omniglot", "test", args.data_root)}
     ways = [int(w) for w in args.test_ways.split(",")]
     models = []
     for seed in map(int, args.seeds.split(",")):

@@ -9,14 +9,17 @@ without replacement gives sigma^2 / U * (M - U) / (M - 1): the script prints bot
         [--checkpoint models/omniglot/protonet_conv4_1shot.pt] [--resplits 1,2,5,10]
 
 from the repository root; --out defaults to experiments/ehg_variance/ehg_variance.json.
+`--smoke --out DIR/ehg_variance.json` runs it in seconds (the test suite's run).
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import torch
 
+from experiments.smoke import add_smoke_flag, omniglot_root, smoke_folder
 from fewshot.backbones import Conv4
 from fewshot.datasets import load_split
 from fewshot.datasets.augment import normalize
@@ -25,6 +28,9 @@ from fewshot.methods.embedding import EmbeddingMethod
 from fewshot.methods.resplit import draw_resplits, episode_loss
 from fewshot.runtime.io import atomic_write_json
 from fewshot.training.checkpoint import load_trained
+
+# --smoke: a few splits and draws.
+SMOKE = {"pool_splits": 4, "draws": 10, "resplits": "1,2"}
 
 
 def per_split_gradients(model: EmbeddingMethod, images, index_shape, shot, perm) -> torch.Tensor:
@@ -39,7 +45,7 @@ def per_split_gradients(model: EmbeddingMethod, images, index_shape, shot, perm)
     return torch.stack(rows)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Print variance of the U-split average against U, and write it as JSON."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--checkpoint", help="a fewshot checkpoint (default: a fresh Conv-4)")
@@ -53,7 +59,14 @@ def main() -> None:
     parser.add_argument("--resplits", default="1,2,5,10")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="experiments/ehg_variance/ehg_variance.json")
-    args = parser.parse_args()
+    parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
+    add_smoke_flag(parser)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE)
+        folder = smoke_folder(Path(args.out).parent)
+        args.out = str(folder / Path(args.out).name)
+        args.data_root = args.data_root or str(omniglot_root(folder / "data"))
 
     torch.manual_seed(args.seed)
     if args.checkpoint:
@@ -61,7 +74,7 @@ def main() -> None:
     else:
         model = EmbeddingMethod(Conv4(1, image_size=28), args.head)
     model.train()  # BatchNorm on batch statistics, as in training
-    split = load_split("omniglot", "train")
+    split = load_split("omniglot", "train", args.data_root)
     shape = EpisodeShape(args.way, args.shot, args.query, args.episodes_per_batch)
     index = EpisodeSampler(split.labels, shape, args.seed).sample()
     images = normalize(split.images[index.flatten()], split.mean, split.std)

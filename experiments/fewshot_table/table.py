@@ -10,6 +10,10 @@ Checkpoints go to --runs-dir; the table to this study's folder (table.md) unless
     python -m experiments.fewshot_table.table --data-root DATA --dry-run
     python -m experiments.fewshot_table.table --data-root DATA --only miniimagenet --only conv4
     python -m experiments.fewshot_table.table --data-root DATA --only protonet,ridge --only ehg
+    python -m experiments.fewshot_table.table --smoke --table DIR/table.md    # seconds
+
+--smoke trains and tests the miniImageNet Conv-4 ProtoNet 1-shot cell with EHG for one step on
+synthetic images (../resnet12_rehearsal's), into the folder of --table.
 """
 
 from __future__ import annotations
@@ -17,11 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from experiments.cli_runs import fewshot
+from experiments.resnet12_rehearsal.rehearsal import write_data
+from experiments.smoke import add_smoke_flag, smoke_folder
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import atomic_write_text
 from fewshot.training.settings import read_config_file
@@ -72,6 +77,13 @@ PAPER = {
     ("resnet12", "svm", "ehg"): ("58.20 ± 0.68", "76.50 ± 0.49", "64.10 ± 0.77", "80.62 ± 0.55"),
 }
 COLUMNS = [(dataset, shot) for dataset in DATASETS for shot in SHOTS]
+# --smoke: one cell, one training step, a few episodes, on 16 synthetic images per class (the
+# 1-shot 15-query episodes).
+SMOKE = {
+    "only": ["miniimagenet", "conv4", "protonet", "1shot", "ehg"], "epochs": 1,
+    "episodes_per_epoch": 2, "val_episodes": 2, "episodes": 4, "dry_run": False,
+}  # fmt: skip
+SMOKE_IMAGES = 16
 
 
 @dataclass(frozen=True)
@@ -162,6 +174,8 @@ def commands(run: Run, args: argparse.Namespace) -> list[list[str]]:
             train += ["--epochs", str(args.epochs)]
         if args.episodes_per_epoch:
             train += ["--episodes-per-epoch", str(args.episodes_per_epoch)]
+        if args.val_episodes:
+            train += ["--val-episodes", str(args.val_episodes)]
         if not args.dry_run and (run_dir / "last.pt").is_file():
             train += ["--resume", str(run_dir / "last.pt")]
         elif not args.dry_run:
@@ -210,7 +224,7 @@ def table(runs_dir: Path, episodes: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Print or run the selected runs, then write the table of whatever has finished."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -223,22 +237,30 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the test episodes")
     parser.add_argument("--epochs", type=int, help="override the configs' 100 (for a trial)")
     parser.add_argument("--episodes-per-epoch", type=int, help="override the configs' 1000")
+    parser.add_argument("--val-episodes", type=int, help="override the configs' 2000")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument(
         "--table", help=f"Markdown output (default: {STUDY.relative_to(REPO)}/table.md)"
     )
-    args = parser.parse_args()
+    add_smoke_flag(parser)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE)
+        folder = smoke_folder(Path(args.table).parent if args.table else STUDY)
+        args.table, args.runs_dir = str(folder / "table.md"), str(folder / "runs")
+        if not args.data_root:
+            args.data_root = str(folder / "data")
+            write_data(Path(args.data_root), SMOKE_IMAGES)
     try:
         runs = select(all_runs(), args.only)
     except FewshotError as e:
         parser.error(str(e))
     for run in runs:
         for command in commands(run, args):
-            print(shlex.join(command), flush=True)
-            if not args.dry_run:
-                # The `fewshot` entry point of this interpreter, so the venv need not be active.
-                invocation = [sys.executable, "-m", "fewshot", *command[1:]]
-                subprocess.run(invocation, check=True)
+            if args.dry_run:
+                print(shlex.join(command), flush=True)
+            else:
+                fewshot(*command[1:])  # it prints the command
     if not args.dry_run:
         out = Path(args.table) if args.table else STUDY / "table.md"
         text = table(Path(args.runs_dir), args.episodes)

@@ -15,6 +15,7 @@ the committed table was made from:
 
     OMP_NUM_THREADS=1 python -m experiments.hpo_cleaning.table --seeds 0,1,2 \
         [--out DIR --run --data-root DIR --datasets mnist --models sr,mlp --methods rhg,trhg,oehg]
+    python -m experiments.hpo_cleaning.table --smoke --out DIR --data-root DIR    # seconds
 """
 
 from __future__ import annotations
@@ -24,7 +25,15 @@ import json
 import statistics
 from pathlib import Path
 
-from experiments.hpo_cells import add_cell_arguments, run_missing, selection, write_table
+from experiments.hpo_cells import (
+    SMOKE_METHOD_FLAGS,
+    Cell,
+    add_cell_arguments,
+    apply_smoke,
+    run_missing,
+    selection,
+    write_table,
+)
 from fewshot.hpo.tasks.cleaning import result_stem
 
 METHOD_NAMES = {"rhg": "RHG", "trhg": "T-RHG", "oehg": "OEHG"}
@@ -46,6 +55,11 @@ PAPER_WEIGHT_TR = {
     ("mlp", "oehg"): 90.52,
 }
 PAPER_DIRTY = {"sr": 81.52, "mlp": 74.21}
+# --smoke: a few hundred images, two outer steps, two retraining steps.
+SMOKE_SIZES = [
+    "--n-train", "200", "--n-val", "100", "--n-test", "100", "--outer-steps", "2",
+    "--retrain-steps", "2",
+]  # fmt: skip
 
 
 def _path(out: Path, dataset: str, model: str, method: str, seed: int) -> Path:
@@ -66,15 +80,24 @@ def _cell(values: list[float], paper: float | None) -> str:
     return ours if paper is None else f"{ours} ({paper:.2f})"
 
 
-def main() -> None:
+def smoke_flags(cell: Cell) -> list[str]:
+    """A cell's flags under --smoke (OEHG moves 20 examples per split)."""
+    method = cell[2]
+    oehg = ["--extra-val", "20"] if method == "oehg" else []
+    return [*SMOKE_SIZES, *SMOKE_METHOD_FLAGS[method], *oehg]
+
+
+def main(argv: list[str] | None = None) -> None:
     """Optionally run the missing cells, then write the Markdown and JSON tables."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_cell_arguments(parser, "experiments/hpo_cleaning", "mnist,fashion-mnist")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    apply_smoke(args)
     out = Path(args.out)
     datasets, models, methods, seeds = selection(args)
     if args.run:
-        run_missing("cleaning", args, lambda cell: _path(out, *cell), [])
+        extra = smoke_flags if args.smoke else lambda cell: []
+        run_missing("cleaning", args, lambda cell: _path(out, *cell), extra)
 
     lines, table = [], {}
     for dataset in datasets:

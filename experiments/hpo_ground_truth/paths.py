@@ -11,6 +11,7 @@ folder) and prints final lambdas.
         --resplits 1 16
     OMP_NUM_THREADS=1 python -m experiments.hpo_ground_truth.paths --model svm --dataset heart \
         --resplits 1 16
+    python -m experiments.hpo_ground_truth.paths --smoke --out DIR    # the test suite's run
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from experiments.smoke import add_smoke_flag, smoke_folder
 from fewshot.datasets.libsvm import load_dataset
 from fewshot.hpo.optimize import Budget, optimize
 from fewshot.hpo.splits import make_splits
@@ -34,6 +36,8 @@ from fewshot.hpo.tasks.regularization import default_inner_lr, make_problem
 from fewshot.runtime.io import atomic_write_json
 
 ESTIMATOR_NAMES = {"lasso": "AID-FP", "svm": "RHG"}
+# --smoke: one seed, two outer steps of a few inner and fixed-point steps, U = 1 and 2.
+SMOKE = {"seeds": 1, "outer_steps": 2, "inner_steps": 4, "solver_steps": 2, "resplits": [1, 2]}
 
 
 def estimated_path(data, splits, args) -> list[float]:
@@ -59,7 +63,7 @@ def estimated_path(data, splits, args) -> list[float]:
     return path
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Run the estimated and exact paths and save them."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="lasso", choices=("lasso", "svm"))
@@ -73,8 +77,12 @@ def main() -> None:
     parser.add_argument("--init-lam", type=float, default=0.01)
     parser.add_argument("--gamma", type=float, default=0.2)
     parser.add_argument("--out", help="default: experiments/hpo_ground_truth/MODEL_DATASET")
-    args = parser.parse_args()
+    add_smoke_flag(parser)
+    args = parser.parse_args(argv)
     args.out = args.out or f"experiments/hpo_ground_truth/{args.model}_{args.dataset}"
+    if args.smoke:
+        vars(args).update(SMOKE)
+        args.out = str(smoke_folder(args.out))
 
     name = ESTIMATOR_NAMES[args.model]
     data = load_dataset(args.dataset, seed=0)

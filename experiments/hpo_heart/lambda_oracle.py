@@ -12,6 +12,7 @@ scored on the test set. Three choices of lambda per seed are compared:
 
     python -m experiments.hpo_heart.lambda_oracle --dataset heart --model logistic --seeds 20 \
         | tee experiments/hpo_heart/lambda_selection.txt
+    python -m experiments.hpo_heart.lambda_oracle --smoke    # seconds: the test suite's run
 """
 
 from __future__ import annotations
@@ -22,14 +23,17 @@ import math
 import numpy as np
 import torch
 
+from experiments.smoke import add_smoke_flag
 from fewshot.datasets.libsvm import load_dataset
 from fewshot.hpo.splits import make_splits
 from fewshot.hpo.tasks.regularization import default_inner_lr, linear_scores, make_problem
 
 GRID = np.logspace(-5, 0.5, 23)  # four points per decade
+# --smoke: two seeds (the interval needs two), two splits, a few gradient steps.
+SMOKE = {"seeds": 2, "resplits": 2, "steps": 5}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Print per-seed choices of lambda and the mean test accuracy of each choice."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="heart")
@@ -39,7 +43,10 @@ def main() -> None:
     parser.add_argument("--gamma", type=float, default=0.2)
     parser.add_argument("--steps", type=int, default=2000, help="gradient steps (OEHG's T)")
     parser.add_argument("--data-root", default=None)
-    args = parser.parse_args()
+    add_smoke_flag(parser)
+    args = parser.parse_args(argv)
+    if args.smoke:  # it writes nothing: its output is what it prints
+        vars(args).update(SMOKE)
 
     log_grid = torch.tensor(np.log(GRID), dtype=torch.float64)
     print(f"{args.dataset} {args.model}, {len(GRID)} lambdas in [{GRID[0]:.0e}, {GRID[-1]:.1f}],")

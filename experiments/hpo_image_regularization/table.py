@@ -11,6 +11,7 @@ the committed table was made from:
 
     OMP_NUM_THREADS=1 python -m experiments.hpo_image_regularization.table --seeds 0,1,2 \
         [--out DIR --run --data-root DIR --datasets mnist --models sr --methods rhg,trhg,oehg]
+    python -m experiments.hpo_image_regularization.table --smoke --out DIR --data-root DIR
 """
 
 from __future__ import annotations
@@ -20,7 +21,15 @@ import json
 import statistics
 from pathlib import Path
 
-from experiments.hpo_cells import add_cell_arguments, run_missing, selection, write_table
+from experiments.hpo_cells import (
+    SMOKE_METHOD_FLAGS,
+    Cell,
+    add_cell_arguments,
+    apply_smoke,
+    run_missing,
+    selection,
+    write_table,
+)
 from fewshot.hpo.tasks.image_regularization import result_stem
 
 METHOD_NAMES = {"rhg": "RHG", "trhg": "T-RHG", "oehg": "OEHG"}
@@ -44,23 +53,25 @@ def _cell(values: list[float], paper: float, digits: int) -> str:
     return f"{ours} ({paper:.{digits}f})"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Optionally run the missing cells, then write the Markdown and JSON tables."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_cell_arguments(
         parser, "experiments/hpo_image_regularization", "mnist,fashion-mnist,cifar10"
     )
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    apply_smoke(args)
     out = Path(args.out)
     datasets, models, methods, seeds = selection(args)
     if args.run:
-        run_missing(
-            "image-regularization",
-            args,
-            lambda cell: _path(out, *cell),
-            ["--device", args.device],
-        )
+
+        def extra(cell: Cell) -> list[str]:
+            """The device, and under --smoke two outer steps of the method's smallest size."""
+            smoke = ["--outer-steps", "2", *SMOKE_METHOD_FLAGS[cell[2]]] if args.smoke else []
+            return ["--device", args.device, *smoke]
+
+        run_missing("image-regularization", args, lambda cell: _path(out, *cell), extra)
 
     names = [METHOD_NAMES[m] for m in methods]
     lines = ["| dataset | model | metric | " + " | ".join(names) + " |"]

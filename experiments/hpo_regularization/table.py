@@ -14,6 +14,7 @@ With --high-dim: SVM with one lambda per weight, RHG with K = 64, 128, 256 again
 
     OMP_NUM_THREADS=1 python -m experiments.hpo_regularization.table --seeds 5 \
         --models logistic,svm --datasets heart,ionosphere,diabetes,a1a --name low_dim_classification
+    python -m experiments.hpo_regularization.table --smoke --out DIR    # the test suite's run
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from experiments.smoke import add_smoke_flag, smoke_folder
 from fewshot.datasets.libsvm import load_dataset
 from fewshot.hpo.tasks.regularization import Settings, result_stem, run
 from fewshot.runtime.io import atomic_write_json, atomic_write_text
@@ -125,6 +127,12 @@ _CLASSIFICATION = {
 }
 
 
+# --smoke: one seed, two outer steps of 32 inner steps (T-RHG's default window); by default a
+# regression set and a classification set that the repository ships.
+SMOKE = {"seeds": 1, "offline_steps": 2, "oehg_steps": 2, "inner_steps": 32}
+SMOKE_DATASETS = "pyrim,heart"
+
+
 def paper_number(
     model: str, dataset: str, method: str, high_dim: bool
 ) -> tuple[float | None, float | None]:
@@ -172,7 +180,7 @@ def run_cell(model: str, dataset: str, method: str, seed: int, args: argparse.Na
     return result
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Run the requested cells and write the table."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="experiments/hpo_regularization")
@@ -186,7 +194,12 @@ def main() -> None:
     parser.add_argument("--datasets", default=None, help="comma list (default: every set)")
     parser.add_argument("--methods", default=None, help="comma list (default: every method)")
     parser.add_argument("--high-dim", action="store_true", help="per-parameter SVM (Table 7-4)")
-    args = parser.parse_args()
+    add_smoke_flag(parser)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE)
+        args.out = str(smoke_folder(args.out))
+        args.datasets = args.datasets or SMOKE_DATASETS
 
     wanted = None if args.datasets is None else set(args.datasets.split(","))
     methods = None if args.methods is None else set(args.methods.split(","))

@@ -9,6 +9,7 @@ computes the meta-gradient: fewshot's engine (`--method maml`, all episodes adap
 `fewshot plot`. Needs learn2learn (the `reuse` extra). Resumable: a finished step is skipped.
 
     python -m experiments.maml_vs_learn2learn.study    # from the repository root
+    python -m experiments.maml_vs_learn2learn.study --smoke --out DIR    # the test suite's run
 """
 
 from __future__ import annotations
@@ -19,10 +20,17 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from experiments.cli_runs import fewshot
 from experiments.ehg_convergence.study import MAML_SETTING, metrics
-from fewshot.cli.main import main as fewshot
+from experiments.smoke import add_smoke_flag, omniglot_root, smoke_folder
 from fewshot.methods import register_method
 from fewshot.methods.adaptation import AdaptationMethod, adaptation_builder
+
+# --smoke: 2 epochs of one step, a few episodes.
+SMOKE = {
+    "epochs": 2, "episodes_per_epoch": 2, "episodes_per_batch": 2, "val_episodes": 2,
+    "test_episodes": 4,
+}  # fmt: skip
 
 
 class Learn2LearnMAML(AdaptationMethod):
@@ -61,8 +69,8 @@ def build_learn2learn_maml(
     return method
 
 
-def parse_args() -> argparse.Namespace:
-    """The study's settings."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The study's settings (from the command line unless `argv` is given)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=25)
     parser.add_argument("--episodes-per-epoch", type=int, default=160)
@@ -73,18 +81,21 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--test-seed", type=int, default=2024)
     parser.add_argument("--runs", type=Path, default=Path("runs/maml_vs_learn2learn"))
     parser.add_argument("--out", type=Path, default=Path("experiments/maml_vs_learn2learn"))
-    return parser.parse_args()
+    parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
+    add_smoke_flag(parser)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE)
+        args.out = smoke_folder(args.out)
+        args.runs = args.out / "runs"
+        args.data_root = args.data_root or str(omniglot_root(args.out / "data"))
+    args.data_flags = ["--data-root", args.data_root] if args.data_root else []
+    return args
 
 
-def run(argv: list[str]) -> None:
-    """One fewshot command; a failure stops the study."""
-    if fewshot(argv) != 0:
-        raise SystemExit(f"failed: fewshot {' '.join(argv)}")
-
-
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Train both arms (or finish them), compare them on the test episodes, plot their curves."""
-    args = parse_args()
+    args = parse_args(argv)
     register_method("maml_learn2learn", build_learn2learn_maml)
     shared = [
         "--dataset", "omniglot", "--backbone", "conv4", *MAML_SETTING,
@@ -94,7 +105,7 @@ def main() -> None:
         "--episodes-per-batch", str(args.episodes_per_batch), "--optimizer", "adam",
         "--lr", "0.001", "--weight-decay", "0", "--lr-schedule", "[]", "--amp", "off",
         "--no-channels-last",
-        "--seed", str(args.seed), "--device", "cpu",
+        "--seed", str(args.seed), "--device", "cpu", *args.data_flags,
     ]  # fmt: skip
     folders = {}
     for method in ("maml", "maml_learn2learn"):
@@ -102,20 +113,21 @@ def main() -> None:
         if any(row["epoch"] == args.epochs for row in metrics(folder)):
             continue
         if (folder / "last.pt").exists():
-            run(["train", "--resume", str(folder / "last.pt")])
+            fewshot("train", "--resume", str(folder / "last.pt"))
         else:
-            run(["train", "--method", method, *shared, "--overwrite", "--out", str(folder)])
+            fewshot("train", "--method", method, *shared, "--overwrite", "--out", str(folder))
     args.out.mkdir(parents=True, exist_ok=True)
     compared = args.out / "compare.json"
     if not compared.exists():
         test = ["--way", "5", "--shot", "1", "--query", "15", "--amp", "off", "--device", "cpu"]
         test += ["--episodes", str(args.test_episodes), "--seed", str(args.test_seed)]
-        run(["compare", str(folders["maml"]), str(folders["maml_learn2learn"]), *test,
-             "--out", str(compared)])  # fmt: skip
+        test += args.data_flags
+        fewshot("compare", str(folders["maml"]), str(folders["maml_learn2learn"]), *test,
+                "--out", str(compared))  # fmt: skip
     curves = args.out / "curves.png"
     if not curves.exists():
-        run(["plot", *map(str, folders.values()), "--labels", "fewshot", "learn2learn",
-             "--out", str(curves)])  # fmt: skip
+        fewshot("plot", *map(str, folders.values()), "--labels", "fewshot", "learn2learn",
+                "--out", str(curves))  # fmt: skip
 
 
 if __name__ == "__main__":

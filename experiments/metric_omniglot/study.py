@@ -9,9 +9,10 @@
    training steps of each arm (metrics.jsonl), whose ratio is EHG's cost here.
 
 Resumable like every study driver here (experiments/cli_runs.py). Writes results.md and
-results.json into this folder.
+results.json into this folder (--out).
 
     python -m experiments.metric_omniglot.study    # from the repository root
+    python -m experiments.metric_omniglot.study --smoke --out DIR    # the test suite's run
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from experiments.cli_runs import (
     OMNIGLOT_SETTINGS,
     SETTING_KEYS,
     compare_seeds,
+    config_overrides,
     evaluate,
     markdown_header,
     markdown_row,
@@ -31,12 +33,18 @@ from experiments.cli_runs import (
     train,
     write_results,
 )
+from experiments.smoke import add_smoke_flag, omniglot_root, smoke_folder
 from fewshot.evaluation.stats import ci95, seeds_ci
 
 HERE = Path(__file__).resolve().parent
 METHODS = {"matching": "Matching Networks", "relation": "Relation Networks"}
 PAPERS = {"matching": [98.1, 98.9, 93.8, 98.5], "relation": [99.6, 99.8, 97.6, 99.1]}
 ZOO_EPOCHS = 2
+# --smoke: one epoch of one step per run, two seeds (compare-seeds needs two), a few episodes.
+SMOKE = {
+    "episodes": 4, "seeds": 2, "ehg_episodes": 4, "epochs": 1, "zoo_episodes": 4,
+    "val_episodes": 2,
+}  # fmt: skip
 
 
 def seconds(run: str) -> float:
@@ -45,30 +53,46 @@ def seconds(run: str) -> float:
     return sum(json.loads(row)["seconds"] for row in rows)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Train what is missing, evaluate, write the tables."""
-    evals = HERE / "evals"
-    evals.mkdir(exist_ok=True)
-    results: dict = {"episodes": ARGS.episodes, "zoo": {}, "ehg": {}}
+    args = parse_args(argv)
+    evals = Path(args.out) / "evals"
+    evals.mkdir(parents=True, exist_ok=True)
+    data = config_overrides(args.data_root)
+    zoo_epochs = args.epochs or ZOO_EPOCHS
+    zoo_flags = config_overrides(
+        args.data_root,
+        epochs=args.epochs,
+        episodes_per_epoch=args.zoo_episodes,
+        val_episodes=args.val_episodes,
+    )
+    ehg_flags = config_overrides(
+        args.data_root,
+        epochs=1,
+        episodes_per_epoch=args.ehg_episodes,
+        val_episodes=args.val_episodes,
+    )
+    results: dict = {"episodes": args.episodes, "ehg_episodes": args.ehg_episodes, "zoo": {}}
+    results["ehg"] = {}
     for method in METHODS:
         config = f"models/omniglot/{method}_conv4_5way1shot.json"
-        run = f"runs/omniglot_{method}_conv4_5way1shot"
-        train("train", config, run, ZOO_EPOCHS)
+        run = f"{args.runs}/omniglot_{method}_conv4_5way1shot"
+        train("train", config, run, zoo_epochs, *zoo_flags)
         for way, shot in OMNIGLOT_SETTINGS:
             out = evals / f"{method}_{way}w{shot}s.json"
-            acc = evaluate(f"{run}/last.pt", [], way, shot, ARGS.episodes, out)
+            acc = evaluate(f"{run}/last.pt", data, way, shot, args.episodes, out)
             cell = {"accuracy": 100 * float(acc.double().mean()), "ci95": 100 * ci95(acc)}
             results["zoo"].setdefault(method, {})[f"{way}-way {shot}-shot"] = cell
         arms = {
-            u: [f"runs/omniglot_metric_ehg/{method}_u{u}_seed{s}" for s in range(ARGS.seeds)]
+            u: [f"{args.runs}/omniglot_metric_ehg/{method}_u{u}_seed{s}" for s in range(args.seeds)]
             for u in (1, 5)
         }
         for u, runs in arms.items():
             for seed, folder in enumerate(runs):
-                flags = ["--epochs", "1", "--episodes-per-epoch", str(ARGS.ehg_episodes)]
-                train("train", config, folder, 1, *flags, "--seed", str(seed), "--resplits", str(u))
+                flags = [*ehg_flags, "--seed", str(seed), "--resplits", str(u)]
+                train("train", config, folder, 1, *flags)
         record = compare_seeds(
-            arms[1], arms[5], 5, 1, ARGS.episodes, evals / f"{method}_ehg_5w1s.json"
+            arms[1], arms[5], 5, 1, args.episodes, evals / f"{method}_ehg_5w1s.json", data
         )
         results["ehg"][method] = {
             "u1": [m["accuracy"] for m in record["a"]],
@@ -77,12 +101,13 @@ def main() -> None:
             "seconds_u1": [seconds(r) for r in arms[1]],
             "seconds_u5": [seconds(r) for r in arms[5]],
         }
-    write_results(results, table(results), HERE)
+    write_results(results, table(results), Path(args.out))
 
 
 def table(results: dict) -> str:
     """The markdown tables of results.json."""
     keys = SETTING_KEYS
+    seeds = len(next(iter(results["ehg"].values()))["u1"])
     lines = [
         f"Accuracy ± 95% CI (%) on {results['episodes']} seeded Omniglot test episodes (seed 0) "
         "of the 5-way 1-shot models; in brackets, the paper's.",
@@ -97,8 +122,8 @@ def table(results: dict) -> str:
         lines.append(markdown_row(METHODS[method], *values))
     lines += [
         "",
-        f"EHG, {ARGS.ehg_episodes} training episodes, 5 seeds, 5-way 1-shot test: mean ± t "
-        "interval (%), U = 5 − U = 1 paired across seeds, and the training steps' time.",
+        f"EHG, {results['ehg_episodes']} training episodes, {seeds} seeds, 5-way 1-shot test: "
+        "mean ± t interval (%), U = 5 − U = 1 paired across seeds, and the training steps' time.",
         "",
         *markdown_header("method", "U = 1", "U = 5", "U5 − U1", "seconds U = 5 / U = 1"),
     ]
@@ -111,15 +136,27 @@ def table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def parse_args() -> argparse.Namespace:
-    """The study's settings."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The study's settings (from the command line unless `argv` is given)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=2000, help="test episodes per setting")
     parser.add_argument("--seeds", type=int, default=5, help="EHG training seeds per arm")
     parser.add_argument("--ehg-episodes", type=int, default=800, help="EHG training episodes")
-    return parser.parse_args()
+    parser.add_argument("--epochs", type=int, help="of the zoo runs (default: the configs')")
+    parser.add_argument("--zoo-episodes", type=int, help="per epoch of the zoo runs (configs')")
+    parser.add_argument("--val-episodes", type=int, help="of every run (default: the configs')")
+    parser.add_argument("--runs", default="runs", help="folder of the run folders")
+    parser.add_argument("--out", default=str(HERE), help="results folder")
+    parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
+    add_smoke_flag(parser)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE)
+        out = smoke_folder(args.out)
+        args.out, args.runs = str(out), str(out / "runs")
+        args.data_root = args.data_root or str(omniglot_root(out / "data"))
+    return args
 
 
 if __name__ == "__main__":
-    ARGS = parse_args()
     main()

@@ -5,6 +5,7 @@ validation is evaluated on the same seeded test episodes (5-way and 20-way 1-sho
 Markdown table and JSON to --out (default: this study's folder).
 
     python -m experiments.omniglot_ehg.experiment    # from the repository root
+    python -m experiments.omniglot_ehg.experiment --smoke --out DIR/ehg_experiment    # seconds
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from experiments.smoke import add_smoke_flag, omniglot_root, smoke_folder
 from fewshot.datasets import load_split
 from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluation.episodes import evaluate
@@ -24,8 +26,14 @@ from fewshot.training.checkpoint import load_trained
 from fewshot.training.settings import TrainSettings
 from fewshot.training.trainer import Trainer
 
+# --smoke: one small step per epoch, a few episodes.
+SMOKE = {
+    "way": 5, "query": 2, "epochs": 2, "episodes_per_epoch": 2, "val_episodes": 2,
+    "test_episodes": 4,
+}  # fmt: skip
 
-def main() -> None:
+
+def main(argv: list[str] | None = None) -> None:
     """Train every (head, U) run, evaluate, and write the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--heads", default="protonet,ridge")
@@ -34,13 +42,21 @@ def main() -> None:
     parser.add_argument("--query", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--episodes-per-epoch", type=int, default=300)
+    parser.add_argument("--val-episodes", type=int, default=300)
     parser.add_argument("--test-episodes", type=int, default=2000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--runs", default="runs/omniglot_ehg", help="folder for checkpoints")
     parser.add_argument("--out", default="experiments/omniglot_ehg/ehg_experiment")
-    args = parser.parse_args()
+    parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
+    add_smoke_flag(parser)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE)
+        folder = smoke_folder(Path(args.out).parent)
+        args.out, args.runs = str(folder / Path(args.out).name), str(folder / "runs")
+        args.data_root = args.data_root or str(omniglot_root(folder / "data"))
 
-    test = load_split("omniglot", "test")
+    test = load_split("omniglot", "test", args.data_root)
     cpu = torch.device("cpu")
     rows = []
     for head in args.heads.split(","):
@@ -55,7 +71,7 @@ def main() -> None:
                 val_way=5,
                 val_shot=1,
                 val_query=15,
-                val_episodes=300,
+                val_episodes=args.val_episodes,
                 epochs=args.epochs,
                 episodes_per_epoch=args.episodes_per_epoch,
                 episodes_per_batch=2,
@@ -67,6 +83,7 @@ def main() -> None:
                 lr_schedule=[[args.epochs // 2, 0.5]],
                 seed=args.seed,
                 device="cpu",
+                data_root=args.data_root,
                 out=f"{args.runs}/{head}_U{u}",
             )
             run_dir = Trainer(config, resolve_device(config.device)).fit()

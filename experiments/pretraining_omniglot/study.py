@@ -13,9 +13,10 @@ Every model is tested with `fewshot eval --per-episode` on the zoo's seeded test
   across seeds (`fewshot compare-seeds`).
 
 Resumable: a pretraining or training run that finished is skipped, an unfinished one resumed,
-and an evaluation whose JSON exists is read back. Writes results.md and results.json here.
+and an evaluation whose JSON exists is read back. Writes results.md and results.json here (--out).
 
     python -m experiments.pretraining_omniglot.study    # from the repository root
+    python -m experiments.pretraining_omniglot.study --smoke --out DIR    # the test suite's run
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from experiments.cli_runs import (
     OMNIGLOT_SETTINGS,
     SETTING_KEYS,
     compare_seeds,
+    config_overrides,
     evaluate,
     markdown_header,
     markdown_row,
@@ -35,29 +37,35 @@ from experiments.cli_runs import (
     train,
     write_results,
 )
+from experiments.smoke import add_smoke_flag, omniglot_root, smoke_folder
 from fewshot.evaluation.stats import paired_ci, seeds_ci
 
 HERE = Path(__file__).resolve().parent
 ZOO = "models/omniglot/protonet_conv4_trainval.pt"
-LINEAR = "runs/omniglot_pretrain_conv4_trainval"
-COSINE = "runs/omniglot_pretrain_cosine_conv4_trainval"
+# The pretraining runs: (config, epochs), their folders named after the configs below --runs.
+LINEAR = ("models/omniglot/pretrain_conv4_trainval.json", 40)
+COSINE = ("models/omniglot/pretrain_cosine_conv4_trainval.json", 20)
 META = "models/omniglot/metabaseline_conv4_5way1shot.json"
+META_EPOCHS = 2
+# --smoke: one epoch of at most a few steps per run, two seeds (compare-seeds needs two), a few
+# episodes.
+SMOKE = {"episodes": 4, "seeds": 2, "epochs": 1, "meta_episodes": 4, "val_episodes": 2}
 # Rows tested at 5-way only: PT-MAP's Sinkhorn iterations took 78 s per 200 episodes at 20-way
 # on this CPU (over 25 minutes for the two 20-way settings).
 FIVE_WAY_ONLY = {"pretrain + PT-MAP (transductive)"}
-# Row label -> (checkpoint, classifier flags)
+# Row label -> (model: the zoo's, or the linear or cosine pretraining, classifier flags)
 BASELINES = {
-    "ProtoNet, meta-trained (zoo)": (ZOO, []),
-    "pretrain + centroid": (f"{LINEAR}/last.pt", []),
+    "ProtoNet, meta-trained (zoo)": ("zoo", []),
+    "pretrain + centroid": ("linear", []),
     "pretrain + centroid, CL2N": (
-        f"{LINEAR}/last.pt",
+        "linear",
         ["--classifier", "centroid", "--classifier-options", '{"cl2n": true}'],
     ),
-    "pretrain + logistic (RFS)": (f"{LINEAR}/last.pt", ["--classifier", "logistic"]),
-    "pretrain + BD-CSPN (transductive)": (f"{LINEAR}/last.pt", ["--classifier", "bd-cspn"]),
-    "pretrain + PT-MAP (transductive)": (f"{LINEAR}/last.pt", ["--classifier", "pt-map"]),
+    "pretrain + logistic (RFS)": ("linear", ["--classifier", "logistic"]),
+    "pretrain + BD-CSPN (transductive)": ("linear", ["--classifier", "bd-cspn"]),
+    "pretrain + PT-MAP (transductive)": ("linear", ["--classifier", "pt-map"]),
     "Baseline++ + fine-tuned cosine": (
-        f"{COSINE}/last.pt",
+        "cosine",
         ["--classifier", "finetune", "--classifier-options", '{"classifier": "cosine"}'],
     ),
 }
@@ -68,24 +76,52 @@ def eval_name(label: str, way: int, shot: int) -> str:
     return "_".join(re.findall(r"[a-z0-9+]+", label.lower())) + f"_{way}w{shot}s.json"
 
 
-def main() -> None:
+def pretrain(args: argparse.Namespace, config: str, epochs: int) -> str:
+    """Pretrain (or finish, or skip) one config; its last checkpoint."""
+    run = f"{args.runs}/omniglot_{Path(config).stem}"
+    flags = config_overrides(args.data_root, epochs=args.epochs, val_episodes=args.val_episodes)
+    train("pretrain", config, run, args.epochs or epochs, *flags)
+    return f"{run}/last.pt"
+
+
+def main(argv: list[str] | None = None) -> None:
     """Train what is missing, evaluate every model, write the table."""
-    train("pretrain", "models/omniglot/pretrain_conv4_trainval.json", LINEAR, 40)
-    seeds = range(ARGS.seeds)
-    meta_runs = {u: [f"runs/omniglot_metabaseline/u{u}_seed{s}" for s in seeds] for u in (1, 5)}
+    args = parse_args(argv)
+    linear = pretrain(args, *LINEAR)
+    seeds = range(args.seeds)
+    meta_runs = {
+        u: [f"{args.runs}/omniglot_metabaseline/u{u}_seed{s}" for s in seeds] for u in (1, 5)
+    }
+    meta_flags = config_overrides(
+        args.data_root,
+        epochs=args.epochs,
+        episodes_per_epoch=args.meta_episodes,
+        val_episodes=args.val_episodes,
+    )
     for u, runs in meta_runs.items():
         for seed, run in zip(seeds, runs, strict=True):
-            train("train", META, run, 2, "--seed", str(seed), "--resplits", str(u))
-    train("pretrain", "models/omniglot/pretrain_cosine_conv4_trainval.json", COSINE, 20)
-    evals = HERE / "evals"
-    evals.mkdir(exist_ok=True)
-    rows = {**BASELINES, "Meta-Baseline, seed 0": (f"{meta_runs[1][0]}/last.pt", [])}
-    results: dict = {"episodes": ARGS.episodes, "rows": {}, "ehg": {}}
+            flags = [*meta_flags, "--init", linear, "--seed", str(seed), "--resplits", str(u)]
+            train("train", META, run, args.epochs or META_EPOCHS, *flags)
+    checkpoints = {"zoo": ZOO, "linear": linear, "cosine": pretrain(args, *COSINE)}
+    evals = Path(args.out) / "evals"
+    evals.mkdir(parents=True, exist_ok=True)
+    data = config_overrides(args.data_root)
+    rows = {
+        **{label: (checkpoints[model], flags) for label, (model, flags) in BASELINES.items()},
+        "Meta-Baseline, seed 0": (f"{meta_runs[1][0]}/last.pt", []),
+    }
+    results: dict = {"episodes": args.episodes, "rows": {}, "ehg": {}}
     for way, shot in OMNIGLOT_SETTINGS:
         key = f"{way}-way {shot}-shot"
         accuracies = {
             label: evaluate(
-                ckpt, flags, way, shot, ARGS.episodes, evals / eval_name(label, way, shot), 200
+                ckpt,
+                [*data, *flags],
+                way,
+                shot,
+                args.episodes,
+                evals / eval_name(label, way, shot),
+                200,
             )
             for label, (ckpt, flags) in rows.items()
             if way == 5 or label not in FIVE_WAY_ONLY
@@ -100,18 +136,19 @@ def main() -> None:
                 "minus_protonet_ci95": 100 * d.ci95,
             }
         out = evals / f"ehg_{way}w{shot}s.json"
-        record = compare_seeds(meta_runs[1], meta_runs[5], way, shot, ARGS.episodes, out)
+        record = compare_seeds(meta_runs[1], meta_runs[5], way, shot, args.episodes, out, data)
         results["ehg"][key] = {
             "u1": [m["accuracy"] for m in record["a"]],
             "u5": [m["accuracy"] for m in record["b"]],
             "difference": record["difference"],
         }
-    write_results(results, table(results), HERE)
+    write_results(results, table(results), Path(args.out))
 
 
 def table(results: dict) -> str:
     """The markdown tables of results.json."""
     keys = SETTING_KEYS
+    seeds = len(results["ehg"][keys[0]]["u1"])
     lines = [
         f"Accuracy ± 95% CI (%) on {results['episodes']} seeded Omniglot test episodes (seed 0); "
         "below each, the paired difference to the meta-trained ProtoNet on the same episodes.",
@@ -136,8 +173,8 @@ def table(results: dict) -> str:
             lines.append(markdown_row("&nbsp;&nbsp;− ProtoNet", *diffs))
     lines += [
         "",
-        "Meta-Baseline with EHG: mean over 5 training seeds ± t interval (%), and U = 5 − U = 1 "
-        "paired across seeds.",
+        f"Meta-Baseline with EHG: mean over {seeds} training seeds ± t interval (%), and U = 5 − "
+        "U = 1 paired across seeds.",
         "",
         *markdown_header("", *keys),
     ]
@@ -150,14 +187,26 @@ def table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def parse_args() -> argparse.Namespace:
-    """The study's settings."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The study's settings (from the command line unless `argv` is given)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=2000, help="test episodes per setting")
     parser.add_argument("--seeds", type=int, default=5, help="Meta-Baseline training seeds")
-    return parser.parse_args()
+    parser.add_argument("--epochs", type=int, help="of every run (default: the configs')")
+    parser.add_argument("--meta-episodes", type=int, help="per Meta-Baseline epoch (config's)")
+    parser.add_argument("--val-episodes", type=int, help="of every run (default: the configs')")
+    parser.add_argument("--runs", default="runs", help="folder of the run folders")
+    parser.add_argument("--out", default=str(HERE), help="results folder")
+    parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
+    add_smoke_flag(parser)
+    args = parser.parse_args(argv)
+    if args.smoke:
+        vars(args).update(SMOKE)
+        out = smoke_folder(args.out)
+        args.out, args.runs = str(out), str(out / "runs")
+        args.data_root = args.data_root or str(omniglot_root(out / "data"))
+    return args
 
 
 if __name__ == "__main__":
-    ARGS = parse_args()
     main()

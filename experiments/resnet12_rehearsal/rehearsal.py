@@ -9,6 +9,7 @@ config whose run record (`<runs>/<name>.run.json`) says it finished is not train
 Writes results.md and each run's metrics.jsonl into the study folder.
 
     nice -n 5 python -m experiments.resnet12_rehearsal.rehearsal     # from the repository root
+    python -m experiments.resnet12_rehearsal.rehearsal --smoke --out DIR    # the test suite's run
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from pathlib import Path
 
 import torch
 
+from experiments.cli_runs import config_overrides
 from experiments.resnet12_rehearsal.synthetic import class_images
+from experiments.smoke import add_smoke_flag, smoke_folder
 from fewshot.datasets import REPO_DATA
 from fewshot.datasets.miniimagenet import IMAGE_SIZE, LEARN2LEARN_FILES
 from fewshot.evaluation.metrics import MetricsRow, read_metrics
@@ -51,6 +54,10 @@ LEVELS = {
     "test": {"contrast": 12.0, "noise": 70.0},
 }
 SPLIT_SEEDS = {"train": 0, "val": 1, "test": 2}  # other seeds: other classes' patterns
+# --smoke: one epoch of two steps of one small episode each, two validation episodes, as few
+# images as the episodes need (a ResNet-12 step on 84x84 images takes seconds on a CPU).
+SMOKE = {"epochs": 1, "episodes_per_epoch": "2", "val_episodes": 2}
+SMOKE_SETTINGS = {"query": 2, "val_query": 2, "episodes_per_batch": 1}
 
 
 @dataclass
@@ -68,8 +75,8 @@ class Run:
     rows: list[MetricsRow]
 
 
-def parse_args() -> argparse.Namespace:
-    """The study's settings."""
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The study's settings (from the command line unless `argv` is given)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data", default="runs/rehearsal/data", help="synthetic data root")
     parser.add_argument("--runs", default="runs/rehearsal", help="folder of the run folders")
@@ -82,7 +89,16 @@ def parse_args() -> argparse.Namespace:
         help="training episodes per epoch: one number, or NAME=N for each config",
     )
     parser.add_argument("--val-episodes", type=int, default=200, help="validation episodes")
-    return parser.parse_args()
+    add_smoke_flag(parser)
+    args = parser.parse_args(argv)
+    # Settings replacing the configs' beyond the run length.
+    args.settings = {}
+    if args.smoke:
+        vars(args).update(SMOKE)
+        out = smoke_folder(args.out)
+        args.out, args.runs, args.data = str(out), str(out / "runs"), str(out / "data")
+        args.settings = SMOKE_SETTINGS
+    return args
 
 
 def episodes_of(spec: str, names: list[str]) -> dict[str, int]:
@@ -102,21 +118,29 @@ def ravi_classes(split: str) -> list[str]:
         return list(dict.fromkeys(row["label"] for row in csv.DictReader(f)))
 
 
-def write_data(root: Path) -> None:
-    """Write the three splits as learn2learn's miniImageNet cache under root/miniimagenet."""
+def write_data(root: Path, per_class: int = PER_CLASS) -> None:
+    """Write the three splits as learn2learn's miniImageNet cache under root/miniimagenet,
+    `per_class` images per class."""
     folder = root / "miniimagenet"
     folder.mkdir(parents=True, exist_ok=True)
     for split, seed in SPLIT_SEEDS.items():
         names = ravi_classes(split)
-        images, _ = class_images(len(names), PER_CLASS, 3, IMAGE_SIZE, seed, **LEVELS[split])
+        images, _ = class_images(len(names), per_class, 3, IMAGE_SIZE, seed, **LEVELS[split])
         cache = {
             "image_data": images.permute(0, 2, 3, 1).numpy(),  # learn2learn's [N, 84, 84, 3]
             "class_dict": {
-                wnid: list(range(k * PER_CLASS, (k + 1) * PER_CLASS))
+                wnid: list(range(k * per_class, (k + 1) * per_class))
                 for k, wnid in enumerate(names)
             },
         }
         atomic_write_bytes(pickle.dumps(cache), folder / LEARN2LEARN_FILES[split][0])
+
+
+def images_needed(names: list[str], settings: dict) -> int:
+    """The most images per class that an episode of these configs draws under `settings` (a
+    smoke run writes no more)."""
+    configs = [make_config(f"models/miniimagenet/{name}.json", settings) for name in names]
+    return max(max(c.shot + c.query, c.val_shot + c.val_query) for c in configs)
 
 
 def train(name: str, episodes: int, args: argparse.Namespace) -> Run:
@@ -133,7 +157,7 @@ def train(name: str, episodes: int, args: argparse.Namespace) -> Run:
         "--val-episodes", str(args.val_episodes),
         "--device", "cpu",
         "--out", str(out),
-        "--overwrite",
+        "--overwrite", *config_overrides(None, **args.settings),
     ]  # fmt: skip
     start = time.perf_counter()
     with open(Path(args.runs) / f"{name}.log", "wb") as log:
@@ -150,7 +174,7 @@ def train(name: str, episodes: int, args: argparse.Namespace) -> Run:
         name,
         command,
         episodes,
-        episodes // make_config(config, {}).episodes_per_batch,
+        episodes // make_config(config, args.settings).episodes_per_batch,
         os.waitstatus_to_exitcode(status),
         seconds,
         usage.ru_maxrss * 1024,  # Linux reports KiB
@@ -239,13 +263,13 @@ def results(runs: list[Run], val_episodes: int) -> str:
     return "\n\n".join(["\n".join(lines), *map(run_section, runs)]) + "\n"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Write the data, train each config, copy its metrics.jsonl and write results.md."""
-    args = parse_args()
+    args = parse_args(argv)
     names = args.configs.split(",")
     counts = episodes_of(args.episodes_per_epoch, names)
     Path(args.runs).mkdir(parents=True, exist_ok=True)
-    write_data(Path(args.data))
+    write_data(Path(args.data), images_needed(names, args.settings) if args.smoke else PER_CLASS)
     runs = []
     for name in names:
         done = finished_run(name, counts[name], args)

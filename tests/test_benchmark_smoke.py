@@ -1,0 +1,105 @@
+"""The benchmark scripts that tests/test_benchmarks.py does not run, in their --smoke mode: each
+runs end to end in seconds and prints (or writes) well-formed figures."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+from datafiles import write_digits
+from test_benchmarks import run
+
+from benchmarks import (
+    bench_adaptation,
+    bench_hpo,
+    bench_hpo_cleaning,
+    bench_memmap,
+    bench_vs_metaoptnet,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+NUMBER = r"\d+\.\d+"
+
+
+@pytest.fixture(autouse=True)
+def torch_threads():
+    """Benchmarks set torch's thread count for their timings: give the suite's back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_bench_adaptation_smoke(monkeypatch, capsys):
+    out = run(monkeypatch, capsys, bench_adaptation, "--smoke", "--device", "cpu")
+    assert "2 episodes of 5-way 1-shot" in out
+    for method in ("maml", "fomaml", "anil", "imaml"):
+        row = re.search(rf"^{method} +({NUMBER}) +({NUMBER}) +({NUMBER})$", out, re.M)
+        assert row, out
+        one, five, ratio = map(float, row.groups())
+        assert one > 0 and five > 0
+        assert ratio == pytest.approx(five / one, rel=0.05, abs=0.01)  # of the rounded times
+
+
+def test_bench_hpo_smoke(monkeypatch, capsys, tmp_path):
+    # MNIST-SR observes 10000 training images: small generated files of that size.
+    root = write_digits(tmp_path, n_train=10000, n_test=10000)
+    out = run(monkeypatch, capsys, bench_hpo, "--smoke", "--data-root", str(root))
+    assert re.search(r"a1a logistic \(1605, 1\d\d\) +MNIST-SR \(8000 x 784\)", out), out
+    for name in (r"RHG \(K=4, U=1\)", r"AID-CG \(K=4, Z=2, U=1\)", r"OEHG \(U=5, K=1\)"):
+        row = re.search(rf"^{name} +({NUMBER}) +({NUMBER})$", out, re.M)
+        assert row and all(float(ms) > 0 for ms in row.groups()), out
+
+
+def test_bench_hpo_cleaning_smoke(monkeypatch, capsys, tmp_path, digits_root):
+    argv = ["--smoke", "--data-root", str(digits_root), "--out", str(tmp_path)]
+    out = run(monkeypatch, capsys, bench_hpo_cleaning, *argv)
+    assert re.search(rf"^wall time: \d+ s \({NUMBER} min\); target < 15 min$", out, re.M), out
+    result = json.loads((tmp_path / "cleaning_mnist_sr_oehg_seed0.json").read_text())
+    bench = json.loads((tmp_path / "bench_cleaning_mnist_sr_oehg_seed0.json").read_text())
+    assert bench["wall_seconds"] >= bench["hpo_seconds"] == result["seconds_hpo"] > 0
+    assert (bench["test_accuracy"], bench["f1"]) == (result["test_accuracy"], result["f1"])
+    assert "--n-train 200" in bench["command"] and result["settings"]["n_train"] == 200
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the benchmark's ranks use it and the next one)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_bench_memmap_smoke(monkeypatch, capsys, tmp_path):
+    monkeypatch.chdir(REPO)  # the ranks start as `python -m benchmarks.bench_memmap`
+    argv = ["--smoke", "--root", str(tmp_path), "--port", str(free_port())]
+    out = run(monkeypatch, capsys, bench_memmap, *argv)
+    assert "synthetic tieredImageNet train: 449 images" in out
+    for loader in (r"reader \(today\)", r"mapped \(converted\)"):
+        for rank in (0, 1):
+            row = rf"^\| {loader} \| {rank} \| {NUMBER} \| {NUMBER} \| {NUMBER} \| -?{NUMBER} \|$"
+            assert re.search(row, out, re.M), out
+    assert re.search(r"^data at all 448695 images \(x\d+\.\d\d\): reading", out, re.M)
+
+
+def test_bench_vs_metaoptnet_smoke_without_the_reference(monkeypatch, capsys, tmp_path):
+    # A fresh clone has no ../shared/reference: the smoke run times fewshot's side alone.
+    out = run(monkeypatch, capsys, bench_vs_metaoptnet, "--smoke", "--reference", str(tmp_path))
+    assert f"no reference harness at {tmp_path / 'bench_vs_metaoptnet.py'}" in out
+    for head in ("protonet", "ridge", "svm"):
+        step = re.search(rf"^fewshot EHG U=2 step {head}: ({NUMBER}) ms$", out, re.M)
+        assert step and float(step[1]) > 0, out
+
+
+@pytest.mark.skipif(
+    not (bench_vs_metaoptnet.DEFAULT_REFERENCE / "bench_vs_metaoptnet.py").is_file(),
+    reason="the MetaOptNet reference harness (../shared/reference) is not beside this clone",
+)
+def test_bench_vs_metaoptnet_smoke_with_the_reference(monkeypatch, capsys):
+    out = run(monkeypatch, capsys, bench_vs_metaoptnet, "--smoke")
+    assert "conv4, 5-way 1-shot 2-query, 1 episodes per step" in out
+    for row in ("MetaOptNet step protonet", "fewshot step protonet", "fewshot EHG U=2 protonet"):
+        figures = re.search(rf"^{row} +({NUMBER}) ms +{NUMBER}x bare", out, re.M)
+        assert figures and float(figures[1]) > 0, out

@@ -1,0 +1,398 @@
+"""Every study driver in experiments/ runs end to end in its --smoke mode (seconds, on small data),
+writes its outputs into the folder the test gives it, and leaves the recorded results alone."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from datafiles import write_digits
+
+from experiments.smoke import OMNIGLOT_CLASSES, omniglot_root, smoke_folder
+from fewshot.datasets import load_split
+
+REPO = Path(__file__).resolve().parents[1]
+EXPERIMENTS = REPO / "experiments"
+NUMBER = r"[-+]?\d+\.\d+"
+
+
+def load(path: Path) -> dict:
+    """A JSON file's content."""
+    return json.loads(path.read_text())
+
+
+def recorded_files() -> dict[str, str]:
+    """Every file under experiments/ (no bytecode) and the SHA-256 of its bytes."""
+    return {
+        str(path.relative_to(EXPERIMENTS)): hashlib.sha256(path.read_bytes()).hexdigest()
+        for path in sorted(EXPERIMENTS.rglob("*"))
+        if path.is_file() and "__pycache__" not in path.parts
+    }
+
+
+def correct_percent(counts: list[int], queries: int) -> float:
+    """Mean accuracy in percent from per-episode counts of correct queries."""
+    return 100 * sum(counts) / (len(counts) * queries)
+
+
+def check_ehg_seeds(out: Path, printed: str) -> None:
+    record = load(out / "results.json")
+    models = record["models"]
+    assert len(models) == 4  # one head, U = 1 and 5, two seeds
+    five = record["summary"]["protonet"]["5w1s"]
+    for u in (1, 5):
+        accuracies = [m["test"]["5w1s"]["accuracy"] for m in models if m["U"] == u]
+        assert five[f"U{u}"]["mean"] == pytest.approx(statistics.mean(accuracies))
+        for m in models:
+            test = m["test"]["5w1s"]
+            assert test["accuracy"] == pytest.approx(correct_percent(test["correct"], 75))
+    means = [five[f"U{u}"]["mean"] for u in (1, 5)]
+    assert five["U5-U1 seeds"]["mean"] == pytest.approx(means[1] - means[0])
+    assert "## Paired differences (percentage points)" in (out / "results.md").read_text()
+
+
+def check_bf16(out: Path, printed: str) -> None:
+    record = load(out / "results.json")
+    assert set(record["trainval"]["shapes"]) == {"5w1s", "5w5s", "20w1s", "20w5s"}
+    for entry in record["trainval"]["shapes"].values():
+        a, b = entry["float32 run, float32 test"][0], entry["bf16 run, bf16 test"][0]
+        assert entry["whole pipeline"]["mean"] == pytest.approx(b - a, abs=1e-6)
+    ridge = record["heads"]["ridge"]["5w1s"]
+    assert len(ridge["float32"][2]) == len(ridge["bf16"][2]) == 2  # one accuracy per seed
+    assert "## 2. Ridge and SVM heads" in (out / "results.md").read_text()
+
+
+def check_convergence(method: str) -> Callable[[Path, str], None]:
+    """The check of ehg_convergence's results for `method`."""
+
+    def check(out: Path, printed: str) -> None:
+        tests = load(out / "results.json")["methods"][method]["tests"]["U5-U1 5w1s"]
+        for u in ("U1", "U5"):
+            for seed, accuracy in zip(tests["seeds"], tests[u]["accuracies"], strict=True):
+                assert accuracy == pytest.approx(
+                    correct_percent(tests["correct"][f"{u} seed {seed}"], 75), abs=1e-4
+                )
+        means = [statistics.mean(tests[u]["accuracies"]) for u in ("U1", "U5")]
+        assert tests["across_seeds"]["mean"] == pytest.approx(means[1] - means[0], abs=1e-4)
+        assert tests["per_episode"]["seed"] == 0
+        assert (out / f"curves_{method}.png").stat().st_size > 0
+
+    return check
+
+
+def check_variance(out: Path, printed: str) -> None:
+    record = load(out / "ehg_variance.json")
+    sigma2, m = record["sigma2"], record["args"]["pool_splits"]
+    assert [row["U"] for row in record["rows"]] == [1, 2]
+    for row in record["rows"]:
+        u = row["U"]  # sampling U of M splits without replacement
+        assert row["expected"] == pytest.approx(sigma2 / u * (m - u) / (m - 1))
+        assert row["variance"] > 0
+
+
+def check_fewshot_table(out: Path, printed: str) -> None:
+    result = load(out / "runs" / "miniimagenet" / "protonet_conv4_1shot_ehg5" / "test.json")
+    cell = f"{result['accuracy']:.2f} ± {result['ci95']:.2f} (52.71 ± 0.69)"
+    assert f"| ProtoNet(+EHG) | {cell} |" in (out / "table.md").read_text()
+
+
+def check_cleaning(out: Path, printed: str) -> None:
+    table = load(out / "cleaning_table.json")
+    for model in ("sr", "mlp"):
+        for method in ("rhg", "trhg", "oehg"):
+            run = load(out / f"cleaning_mnist_{model}_{method}_seed0.json")
+            assert table[f"mnist/{model}/{method}"]["test_accuracy"] == [run["test_accuracy"]]
+            assert table[f"mnist/{model}/{method}"]["f1"] == [run["f1"]]
+    assert re.search(rf"\| OEHG \| {NUMBER} \(89\.20\) \|", (out / "cleaning_table.md").read_text())
+
+
+def check_image_regularization(out: Path, printed: str) -> None:
+    table = load(out / "image_table.json")
+    assert len(table) == 6  # SR and MLP, three methods, one seed
+    run = load(out / "imgreg_mnist_sr_oehg_seed0.json")
+    assert table["mnist/sr/oehg"]["test_loss"] == [run["test_loss"]]
+    assert "| mnist | SR | acc % |" in (out / "image_table.md").read_text()
+
+
+def check_ground_truth(out: Path, printed: str) -> None:
+    runs = load(out / "ground_truth.json")["runs"]
+    assert [r["splits"] for r in runs] == [1, 2]
+    for r in runs:
+        assert len(r["estimate"]) == len(r["ground_truth"]) == 2  # two outer steps
+        assert all(lam > 0 for lam in r["estimate"] + r["ground_truth"])
+    assert (out / "ground_truth.png").stat().st_size > 0
+
+
+def check_lambda_oracle(out: Path, printed: str) -> None:
+    means = dict(re.findall(rf"^ *(.+?): ({NUMBER}) \+- {NUMBER} % \(mean over 2", printed, re.M))
+    assert set(means) == {"test oracle", "validation, U=2", "validation, U=1"}
+    # The oracle picks the best test accuracy in every seed: no choice beats it on average.
+    assert all(float(means["test oracle"]) >= float(v) for v in means.values())
+
+
+def check_regularization(out: Path, printed: str) -> None:
+    rows = load(out / "table.json")["rows"]
+    assert len(rows) == 5 + 5 + 4 + 3  # lasso, ridge on pyrim; logistic, svm on heart
+    for row in rows:
+        run = load(out / "runs" / f"{row['dataset']}_{row['model']}_{row['method']}_seed0.json")
+        assert row["test_loss"] == pytest.approx(run["test_loss"])
+    text = (out / "table.md").read_text()
+    assert all(f"### {model}" in text for model in ("lasso", "ridge", "logistic", "svm"))
+
+
+def check_maml_vs_learn2learn(out: Path, printed: str) -> None:
+    compared = load(out / "compare.json")
+    a, b = (compared[arm]["accuracies"] for arm in "ab")
+    assert compared["difference"]["mean"] == pytest.approx(statistics.mean(b) - statistics.mean(a))
+    assert (out / "curves.png").stat().st_size > 0
+
+
+def check_metric(out: Path, printed: str) -> None:
+    record = load(out / "results.json")
+    for method in ("matching", "relation"):
+        assert len(record["zoo"][method]) == 4  # 5/20-way, 1/5-shot
+        ehg = record["ehg"][method]
+        assert len(ehg["u1"]) == len(ehg["u5"]) == len(ehg["seconds_u5"]) == 2
+        mean = statistics.mean(ehg["u5"]) - statistics.mean(ehg["u1"])
+        assert 100 * ehg["difference"]["mean"] == pytest.approx(mean, abs=1e-4)
+    assert "EHG, 4 training episodes, 2 seeds" in (out / "results.md").read_text()
+
+
+def check_omniglot_ehg(out: Path, printed: str) -> None:
+    rows = load(out / "ehg_experiment.json")["rows"]
+    assert [(r["head"], r["U"]) for r in rows] == [
+        (h, u) for h in ("protonet", "ridge") for u in (1, 5)
+    ]
+    text = (out / "ehg_experiment.md").read_text()
+    for r in rows:
+        assert f"| {r['head']} | {r['U']} | {r['5w1s'][0]:.2f} ± {r['5w1s'][1]:.2f} |" in text
+
+
+def check_pretraining(out: Path, printed: str) -> None:
+    record = load(out / "results.json")
+    assert len(record["rows"]) == 8
+    assert set(record["rows"]["pretrain + PT-MAP (transductive)"]) == {
+        "5-way 1-shot",
+        "5-way 5-shot",
+    }
+    for label, cells in record["rows"].items():
+        zoo = record["rows"]["ProtoNet, meta-trained (zoo)"]
+        for key, cell in cells.items():
+            difference = cell["accuracy"] - zoo[key]["accuracy"]
+            assert cell["minus_protonet"] == pytest.approx(difference, abs=1e-4), label
+    assert len(record["ehg"]["20-way 5-shot"]["u5"]) == 2
+
+
+def check_rehearsal(out: Path, printed: str) -> None:
+    record = load(out / "runs" / "protonet_resnet12_1shot.run.json")
+    assert record["status"] == 0 and record["peak_bytes"] > 0
+    rows = [json.loads(line) for line in (out / "protonet_resnet12_1shot.metrics.jsonl").open()]
+    assert [r["epoch"] for r in rows] == [1]
+    assert re.search(
+        r"^\| protonet_resnet12_1shot \| 2 \| ", (out / "results.md").read_text(), re.M
+    )
+
+
+def check_svm_solver(out: Path, printed: str) -> None:
+    summary = load(out / "summary.json")
+    assert summary["seeds"] == [0, 1] and len(summary["train_seconds"]) == 4
+    for way in (5, 20):
+        compared = load(out / f"compare_seeds_{way}way.json")
+        a, b = ([m["accuracy"] for m in compared[arm]] for arm in "ab")  # percent
+        difference = statistics.mean(b) - statistics.mean(a)
+        assert 100 * compared["difference"]["mean"] == pytest.approx(difference, abs=1e-4)
+        assert (out / f"compare_{way}way_seed1.json").is_file()
+
+
+@dataclass(frozen=True)
+class Driver:
+    """A driver's module, its smoke arguments ({out} and the data roots' fixture names in
+    braces), the files it writes under {out}, and the check of their content (and of what it
+    printed)."""
+
+    module: str
+    argv: tuple[str, ...]
+    outputs: tuple[str, ...]
+    check: Callable[[Path, str], None]
+
+
+OMNIGLOT = ("--data-root", "{smoke_omniglot}")
+DRIVERS = {
+    "ehg_seeds": Driver(
+        "experiments.ehg_seeds.study",
+        ("--out", "{out}", "--heads", "protonet", *OMNIGLOT),
+        ("results.json", "results.md"),
+        check_ehg_seeds,
+    ),
+    "bf16_omniglot": Driver(
+        "experiments.bf16_omniglot.study",
+        ("--out", "{out}", "--heads", "ridge", *OMNIGLOT),
+        ("results.json", "results.md"),
+        check_bf16,
+    ),
+    "ehg_convergence": Driver(
+        "experiments.ehg_convergence.study",
+        ("--out", "{out}", "--methods", "protonet", "--test-ways", "5", *OMNIGLOT),
+        ("results.json", "results.md", "curves_protonet.png", "curves_protonet_seed0.png"),
+        check_convergence("protonet"),
+    ),
+    "ehg_adaptation": Driver(
+        "experiments.ehg_adaptation.study",
+        ("--out", "{out}", "--methods", "maml", *OMNIGLOT),
+        ("results.json", "results.md", "curves_maml.png", "curves_maml_seed0.png"),
+        check_convergence("maml"),
+    ),
+    "ehg_variance": Driver(
+        "experiments.ehg_variance.variance",
+        ("--out", "{out}/ehg_variance.json", *OMNIGLOT),
+        ("ehg_variance.json",),
+        check_variance,
+    ),
+    "fewshot_table": Driver(
+        "experiments.fewshot_table.table",
+        ("--table", "{out}/table.md", "--device", "cpu"),
+        ("table.md",),
+        check_fewshot_table,
+    ),
+    "hpo_cleaning": Driver(
+        "experiments.hpo_cleaning.table",
+        ("--out", "{out}", "--data-root", "{digits_root}"),
+        ("cleaning_table.json", "cleaning_table.md"),
+        check_cleaning,
+    ),
+    "hpo_image_regularization": Driver(
+        "experiments.hpo_image_regularization.table",
+        ("--out", "{out}", "--data-root", "{digits_10000}", "--device", "cpu"),
+        ("image_table.json", "image_table.md"),
+        check_image_regularization,
+    ),
+    "hpo_ground_truth": Driver(
+        "experiments.hpo_ground_truth.paths",
+        ("--out", "{out}"),
+        ("ground_truth.json", "ground_truth.png"),
+        check_ground_truth,
+    ),
+    "hpo_heart": Driver("experiments.hpo_heart.lambda_oracle", (), (), check_lambda_oracle),
+    "hpo_regularization": Driver(
+        "experiments.hpo_regularization.table",
+        ("--out", "{out}"),
+        ("table.json", "table.md"),
+        check_regularization,
+    ),
+    "maml_vs_learn2learn": Driver(
+        "experiments.maml_vs_learn2learn.study",
+        ("--out", "{out}", *OMNIGLOT),
+        ("compare.json", "curves.png"),
+        check_maml_vs_learn2learn,
+    ),
+    "metric_omniglot": Driver(
+        "experiments.metric_omniglot.study",
+        ("--out", "{out}", *OMNIGLOT),
+        ("results.json", "results.md"),
+        check_metric,
+    ),
+    "omniglot_ehg": Driver(
+        "experiments.omniglot_ehg.experiment",
+        ("--out", "{out}/ehg_experiment", *OMNIGLOT),
+        ("ehg_experiment.json", "ehg_experiment.md"),
+        check_omniglot_ehg,
+    ),
+    "pretraining_omniglot": Driver(
+        "experiments.pretraining_omniglot.study",
+        ("--out", "{out}", *OMNIGLOT),
+        ("results.json", "results.md"),
+        check_pretraining,
+    ),
+    "resnet12_rehearsal": Driver(
+        "experiments.resnet12_rehearsal.rehearsal",
+        ("--out", "{out}", "--configs", "protonet_resnet12_1shot"),
+        ("results.md", "protonet_resnet12_1shot.metrics.jsonl"),
+        check_rehearsal,
+    ),
+    "svm_solver": Driver(
+        "experiments.svm_solver.study",
+        ("--out", "{out}", *OMNIGLOT),
+        ("summary.json", "compare_5way_seed0.json", "compare_seeds_20way.json"),
+        check_svm_solver,
+    ),
+}
+# Over ~20 s each on the project's loaded 2-core CPU.
+SLOW = {"ehg_convergence", "ehg_adaptation", "pretraining_omniglot", "resnet12_rehearsal"}
+# Modules of the study folders that are not drivers: the rehearsal's image generator.
+HELPERS = {"experiments.resnet12_rehearsal.synthetic"}
+
+
+@pytest.fixture(scope="module")
+def smoke_omniglot(tmp_path_factory) -> Path:
+    """The cut Omniglot of the drivers' smoke mode, written once for them all."""
+    return omniglot_root(tmp_path_factory.mktemp("smoke_omniglot"))
+
+
+@pytest.fixture(scope="module")
+def digits_10000(tmp_path_factory) -> Path:
+    """MNIST-like files of the image-regularization task's sizes (10000 training and test)."""
+    return write_digits(tmp_path_factory.mktemp("digits"), n_train=10000, n_test=10000)
+
+
+@pytest.fixture(autouse=True)
+def torch_threads():
+    """Drivers set torch's thread count for their runs: give the suite's back."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_smoke_output_never_lands_in_a_study_folder(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert smoke_folder(EXPERIMENTS / "ehg_seeds") == Path("runs/smoke/ehg_seeds")
+    assert (tmp_path / "runs" / "smoke" / "ehg_seeds").is_dir()
+    assert smoke_folder(tmp_path / "mine") == tmp_path / "mine"
+
+
+def test_smoke_omniglot_is_the_first_classes_of_the_shipped_splits(smoke_omniglot, omniglot_test):
+    cut = load_split("omniglot", "test", smoke_omniglot)
+    classes = OMNIGLOT_CLASSES["test"]
+    assert cut.class_names == omniglot_test.class_names[:classes]
+    assert torch.equal(cut.images, omniglot_test.images[: 20 * classes])  # 20 drawings a class
+    assert len(load_split("omniglot", "train", smoke_omniglot).class_names) == 5
+
+
+def test_every_driver_has_a_smoke_run():
+    modules = {
+        f"experiments.{path.parent.name}.{path.stem}"
+        for path in EXPERIMENTS.glob("*/*.py")
+        if path.name != "__init__.py"
+    }
+    assert modules - HELPERS == {driver.module for driver in DRIVERS.values()}
+    assert set(DRIVERS) >= SLOW
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(name, marks=pytest.mark.slow if name in SLOW else ()) for name in DRIVERS],
+)
+def test_driver_smoke_run(name, tmp_path, monkeypatch, capsys, request):
+    driver = DRIVERS[name]
+    monkeypatch.chdir(REPO)  # the drivers name the zoo's configs from the repository root
+    values = {"out": tmp_path}
+    for field in re.findall(r"\{(\w+)\}", " ".join(driver.argv)):
+        if field != "out":
+            values[field] = request.getfixturevalue(field)
+    argv = [arg.format(**values) for arg in driver.argv]
+    before = recorded_files()
+    monkeypatch.setattr(sys, "argv", [driver.module, "--smoke", *argv])
+    importlib.import_module(driver.module).main()
+    printed = capsys.readouterr().out
+    for output in driver.outputs:
+        assert (tmp_path / output).is_file(), f"{name} wrote no {output}"
+    driver.check(tmp_path, printed)
+    assert recorded_files() == before, "a smoke run changed the recorded results"
