@@ -23,3 +23,10 @@ _.wall_seconds  # fewshot.hpo.tasks.regularization.RegularizationResult
 _.pytestmark
 _.finetune
 _.fresh_resolution
+
+# pytest calls this conftest hook by name.
+_.pytest_terminal_summary
+
+# http.server calls a request handler's do_<METHOD> and log_message (tests/test_fetch.py's server).
+_.do_GET
+_.log_message
