@@ -63,3 +63,17 @@ def omniglot_root(folder: Path) -> Path:
         writer.writeheader()
         writer.writerows(rows)
     return folder
+
+
+def apply_smoke(args: argparse.Namespace, sizes: dict, run_folders: tuple[str, ...]) -> None:
+    """Under --smoke: the smallest `sizes`, --out moved off the recorded results, the run
+    folders (`run_folders`: attribute names) inside it, and the cut Omniglot as the data root
+    unless one is given."""
+    if not args.smoke:
+        return
+    vars(args).update(sizes)
+    out = smoke_folder(args.out)
+    args.out = str(out)
+    for name in run_folders:
+        setattr(args, name, str(out / name))
+    args.data_root = args.data_root or str(omniglot_root(out / "data"))

@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from experiments.ehg_seeds import study as seeds
-from experiments.smoke import add_smoke_flag, omniglot_root, smoke_folder
+from experiments.smoke import add_smoke_flag, apply_smoke
 from fewshot.datasets import load_split
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeShape
@@ -63,11 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
     add_smoke_flag(parser)
     args = parser.parse_args(argv)
-    if args.smoke:
-        vars(args).update(SMOKE)
-        out = smoke_folder(args.out)
-        args.out, args.runs, args.seed_runs = str(out), str(out / "runs"), str(out / "seed_runs")
-        args.data_root = args.data_root or str(omniglot_root(out / "data"))
+    apply_smoke(args, SMOKE, ("runs", "seed_runs"))
     return args
 
 

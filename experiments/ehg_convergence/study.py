@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from experiments.smoke import add_smoke_flag, omniglot_root, smoke_folder
+from experiments.smoke import add_smoke_flag, apply_smoke
 
 # The U flag of `fewshot train`, in one place: the library may rename it.
 EHG_FLAG = "--resplits"
@@ -96,11 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add_smoke_flag(parser)
     args = parser.parse_args(argv)
-    if args.smoke:
-        vars(args).update(SMOKE)
-        args.out = smoke_folder(args.out)
-        args.runs = args.out / "runs"
-        args.data_root = args.data_root or omniglot_root(args.out / "data")
+    apply_smoke(args, SMOKE, ("runs",))
     # The CLI runs in --cli-dir: every path handed to it must not depend on the working folder.
     args.runs, args.out = Path(args.runs).resolve(), Path(args.out).resolve()
     if args.data_root:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from experiments.smoke import add_smoke_flag, omniglot_root, smoke_folder
+from experiments.smoke import add_smoke_flag, apply_smoke
 from fewshot.datasets import load_split
 from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluation.episodes import episode_accuracies
@@ -88,11 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add_smoke_flag(parser)
     args = parser.parse_args(argv)
-    if args.smoke:
-        vars(args).update(SMOKE)
-        out = smoke_folder(args.out)
-        args.out, args.runs = str(out), str(out / "runs")
-        args.data_root = args.data_root or str(omniglot_root(out / "data"))
+    apply_smoke(args, SMOKE, ("runs",))
     return args
 
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 from experiments.cli_runs import fewshot
 from experiments.ehg_convergence.study import MAML_SETTING, metrics
-from experiments.smoke import add_smoke_flag, omniglot_root, smoke_folder
+from experiments.smoke import add_smoke_flag, apply_smoke
 from fewshot.methods import register_method
 from fewshot.methods.adaptation import AdaptationMethod, adaptation_builder
 
@@ -84,11 +84,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
     add_smoke_flag(parser)
     args = parser.parse_args(argv)
-    if args.smoke:
-        vars(args).update(SMOKE)
-        args.out = smoke_folder(args.out)
-        args.runs = args.out / "runs"
-        args.data_root = args.data_root or str(omniglot_root(args.out / "data"))
+    apply_smoke(args, SMOKE, ("runs",))
+    args.out, args.runs = Path(args.out), Path(args.runs)
     args.data_flags = ["--data-root", args.data_root] if args.data_root else []
     return args
 

@@ -37,7 +37,7 @@ from experiments.cli_runs import (
     train,
     write_results,
 )
-from experiments.smoke import add_smoke_flag, omniglot_root, smoke_folder
+from experiments.smoke import add_smoke_flag, apply_smoke
 from fewshot.evaluation.stats import paired_ci, seeds_ci
 
 HERE = Path(__file__).resolve().parent
@@ -200,11 +200,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
     add_smoke_flag(parser)
     args = parser.parse_args(argv)
-    if args.smoke:
-        vars(args).update(SMOKE)
-        out = smoke_folder(args.out)
-        args.out, args.runs = str(out), str(out / "runs")
-        args.data_root = args.data_root or str(omniglot_root(out / "data"))
+    apply_smoke(args, SMOKE, ("runs",))
     return args
 
 
