@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from datafiles import write_digits
 
+import fewshot.cli.main
 from fewshot.datasets import REPO_DATA, load_split
 from fewshot.datasets.fetch import DATASETS
 
@@ -31,6 +32,18 @@ def no_caller_data_root(monkeypatch):
     """Every test but those of real data sets reads the repository's data/ or folders of its
     own, whatever the caller's FEWSHOT_DATA says (the subprocesses a test starts too)."""
     monkeypatch.delenv("FEWSHOT_DATA", raising=False)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def commands_return_freed_memory():
+    """A test worker runs hundreds of commands in one process: `main` would make it keep its
+    peak heap for good (retain_freed_memory, for training speed), and two workers grown that
+    way leave too little memory for the subprocesses of the end-to-end tests (the OOM killer
+    took a worker). tests/test_allocator.py checks the setting in processes of its own."""
+    patch = pytest.MonkeyPatch()
+    patch.setattr(fewshot.cli.main, "retain_freed_memory", lambda: False)
+    yield
+    patch.undo()
 
 
 @pytest.fixture(scope="session")
