@@ -5,27 +5,37 @@ The Python API is the command line's equal: `fewshot.train(...)`, `fewshot.pretr
 classes they build (see fewshot.api).
 """
 
+import importlib
 from importlib import metadata
-
-from fewshot.api import compare, compare_seeds, evaluate, pretrain, train
-from fewshot.cli.eval import EvalSettings
-from fewshot.evaluation.episodes import EvalResult
-from fewshot.evaluation.stats import Difference
-from fewshot.runtime.errors import FewshotError
-from fewshot.training.settings import PretrainSettings, TrainSettings
+from typing import Any
 
 __version__ = metadata.version("fewshot")  # pyproject.toml's
 
-__all__ = [
-    "Difference",
-    "EvalResult",
-    "EvalSettings",
-    "FewshotError",
-    "PretrainSettings",
-    "TrainSettings",
-    "compare",
-    "compare_seeds",
-    "evaluate",
-    "pretrain",
-    "train",
-]
+# The API's names and their modules, imported on first use: the `fewshot` command imports this
+# package before torch, so that Ctrl-C while torch loads is one line (fewshot.cli.run).
+_API = {
+    "train": "fewshot.api",
+    "pretrain": "fewshot.api",
+    "evaluate": "fewshot.api",
+    "compare": "fewshot.api",
+    "compare_seeds": "fewshot.api",
+    "EvalSettings": "fewshot.cli.eval",
+    "EvalResult": "fewshot.evaluation.episodes",
+    "Difference": "fewshot.evaluation.stats",
+    "FewshotError": "fewshot.runtime.errors",
+    "PretrainSettings": "fewshot.training.settings",
+    "TrainSettings": "fewshot.training.settings",
+}
+__all__ = sorted(_API)
+
+
+def __getattr__(name: str) -> Any:
+    """The API name `name`, from its module (PEP 562)."""
+    if name not in _API:
+        raise AttributeError(f"module 'fewshot' has no attribute {name!r}")
+    return getattr(importlib.import_module(_API[name]), name)
+
+
+def __dir__() -> list[str]:
+    """The package's names, the lazily imported API's among them."""
+    return sorted([*globals(), *_API])

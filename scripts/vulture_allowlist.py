@@ -30,3 +30,7 @@ _.pytest_terminal_summary
 # http.server calls a request handler's do_<METHOD> and log_message (tests/test_fetch.py's server).
 _.do_GET
 _.log_message
+
+# Python calls a module's __getattr__ and __dir__ by name (PEP 562: the lazily imported API).
+_.__getattr__
+_.__dir__
