@@ -28,17 +28,32 @@ def episode(b=2, way=3, shot=2, nq=4, d=6, seed=0, dtype=torch.float64):
     return query, support, labels
 
 
-def test_matching_is_softmax_attention_over_cosines():
+@pytest.mark.parametrize("similarity", ["cosine", "scaled_cosine", "euclidean"])
+def test_matching_is_softmax_attention_over_similarities(similarity):
     query, support, labels = episode()
-    got = MatchingHead(6)(query, support, labels, 3, 2)
+    head = MatchingHead(6, similarity=similarity, temperature=3.0).double()
+    got = head(query, support, labels, 3, 2)
     q, s = query.numpy(), support.numpy()
     for e in range(2):
-        cos = (q[e] / np.linalg.norm(q[e], axis=1, keepdims=True)) @ (
-            s[e] / np.linalg.norm(s[e], axis=1, keepdims=True)
-        ).T
-        attention = np.exp(cos) / np.exp(cos).sum(1, keepdims=True)
+        if similarity == "euclidean":
+            logits = -(((q[e][:, None] - s[e][None]) ** 2).sum(-1))
+        else:
+            logits = (q[e] / np.linalg.norm(q[e], axis=1, keepdims=True)) @ (
+                s[e] / np.linalg.norm(s[e], axis=1, keepdims=True)
+            ).T
+            logits *= 3.0 if similarity == "scaled_cosine" else 1.0
+        attention = np.exp(logits) / np.exp(logits).sum(1, keepdims=True)
         probs = np.stack([attention[:, 2 * c : 2 * c + 2].sum(1) for c in range(3)], 1)
-        np.testing.assert_allclose(got[e].numpy(), np.log(probs), rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(got[e].detach().numpy(), np.log(probs), rtol=1e-10, atol=1e-12)
+
+
+def test_matching_temperature_is_learned():
+    query, support, labels = (t.float() if t.is_floating_point() else t for t in episode())
+    head = MatchingHead(6, similarity="scaled_cosine")
+    assert [name for name, _ in head.named_parameters()] == ["temperature"]
+    F.nll_loss(head(query, support, labels, 3, 2).flatten(0, 1), torch.zeros(8).long()).backward()
+    assert head.temperature.grad.abs() > 0
+    assert not list(MatchingHead(6).parameters())  # euclidean and cosine learn nothing
 
 
 def test_full_context_embeddings_read_the_support():
@@ -59,26 +74,44 @@ def test_full_context_embeddings_read_the_support():
     assert not torch.allclose(other(query, support, labels, 3, 2), logits)
 
 
-def test_relation_scores_class_sums_against_each_query():
+@pytest.mark.parametrize("combine", ["mean", "sum"])
+def test_relation_scores_combined_class_maps_against_each_query(combine):
     torch.manual_seed(0)
-    head = RelationHead((2, 3, 3), channels=4, hidden=5).double().eval()
+    head = RelationHead((2, 3, 3), channels=4, hidden=5, combine=combine).double().eval()
     query, support, labels = episode(way=3, shot=2, nq=4, d=18)
     got = head(query, support, labels, 3, 2)
     for e in range(2):
         for i in range(4):
             for c in range(3):
                 summed = support[e, 2 * c] + support[e, 2 * c + 1]  # the paper sums the shots
-                pair = torch.cat([summed.view(2, 3, 3), query[e, i].view(2, 3, 3)])
+                combined = summed / 2 if combine == "mean" else summed
+                pair = torch.cat([combined.view(2, 3, 3), query[e, i].view(2, 3, 3)])
                 want = head.score(head.blocks(pair[None]))
                 assert torch.allclose(got[e, i, c], want[0, 0], atol=1e-12)
 
 
-@pytest.mark.parametrize("name", ["matching", "matching_fce", "relation_mse", "relation_ce"])
+def test_relation_mean_reads_any_shot_on_one_scale():
+    """Five copies of each support map score as the one map does with the mean, not the sum."""
+    torch.manual_seed(0)
+    query, support, labels = episode(way=3, shot=1, nq=4, d=18)
+    five = support.repeat_interleave(5, dim=1)
+    five_labels = torch.arange(3).repeat_interleave(5).expand(2, -1)
+    for combine, same in (("mean", True), ("sum", False)):
+        head = RelationHead((2, 3, 3), channels=4, hidden=5, combine=combine).double().eval()
+        one_shot = head(query, support, labels, 3, 1)
+        assert torch.allclose(head(query, five, five_labels, 3, 5), one_shot) is same
+
+
+@pytest.mark.parametrize(
+    "name", ["matching", "matching_fce", "matching_scaled", "relation_mse", "relation_ce"]
+)
 def test_embed_once_gradient_equals_average_of_split_gradients(name):
     torch.manual_seed(0)
     net = Conv4(1, channels=2, image_size=28, pooled_blocks=3).double().train()
     if name.startswith("matching"):
-        head, loss = MatchingHead(net.out_dim, fce=name.endswith("fce")).double(), "cross_entropy"
+        similarity = "scaled_cosine" if name.endswith("scaled") else "euclidean"
+        head = MatchingHead(net.out_dim, fce=name.endswith("fce"), similarity=similarity)
+        head, loss = head.double(), "cross_entropy"
     else:
         head = RelationHead(net.feature_map, channels=3, hidden=4).double()
         # Its BatchNorm in eval mode: in training it sees the pairs of all U splits at once.
@@ -143,6 +176,23 @@ def test_relation_compares_maps_of_a_conv4_without_its_last_pool():
         (["--method", "relation", "--label-smoothing", "0.1"], "--label-smoothing does not apply"),
         (["--method", "relation", "--method-options", '{"loss": "l1"}'], "loss must be one of"),
         (["--method", "matching", "--method-options", '{"fce_steps": 2}'], "with fce true"),
+        (
+            ["--method", "matching", "--method-options", '{"similarity": "dot"}'],
+            "similarity must be one of euclidean, cosine, scaled_cosine, got 'dot'",
+        ),
+        (
+            ["--method", "matching", "--method-options", '{"temperature": 5}'],
+            "temperature must be a positive finite number with similarity scaled_cosine",
+        ),
+        (
+            ["--method", "matching", "--method-options",
+             '{"similarity": "scaled_cosine", "temperature": 0}'],
+            "temperature must be a positive finite number",
+        ),
+        (
+            ["--method", "relation", "--method-options", '{"combine": "max"}'],
+            "combine must be one of mean, sum, got 'max'",
+        ),
         (
             ["--method", "relation", "--backbone", "resnet12", "--backbone-options",
              '{"avg_pool": true}'],

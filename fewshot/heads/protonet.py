@@ -7,6 +7,13 @@ import torch
 from fewshot.heads.episode_inputs import check_query, support_one_hot
 
 
+def squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """|a_i - b_j|^2 [B, n, m] of the rows of a [B, n, d] and b [B, m, d]."""
+    # |a|^2 - 2 a.b + |b|^2 avoids materialising the [B, n, m, d] differences.
+    norms = a.pow(2).sum(dim=2, keepdim=True) + b.pow(2).sum(dim=2).unsqueeze(1)
+    return torch.baddbmm(norms, a, b.transpose(1, 2), alpha=-2.0)
+
+
 def protonet(
     query: torch.Tensor,
     support: torch.Tensor,
@@ -19,12 +26,7 @@ def protonet(
     one_hot = support_one_hot(support, support_labels, way, shot)
     check_query(query, support)
     prototypes = one_hot.transpose(1, 2) @ support / shot
-    query_norms = query.pow(2).sum(dim=2, keepdim=True)
-    prototype_norms = prototypes.pow(2).sum(dim=2).unsqueeze(1)
-    # |q|^2 - 2 q.p + |p|^2 avoids materialising the [B, nq, way, d] differences.
-    sq_dist = torch.baddbmm(
-        query_norms + prototype_norms, query, prototypes.transpose(1, 2), alpha=-2.0
-    )
+    sq_dist = squared_distances(query, prototypes)
     if normalize_by_dim:
         sq_dist = sq_dist / query.shape[2]
     return -sq_dist

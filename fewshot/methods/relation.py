@@ -1,5 +1,10 @@
 """Relation Networks (Sung et al. 2018): a relation module scores each query against each
-class's summed support maps; trained with mean squared error on one-hot targets."""
+class's support maps combined over its shots; trained with mean squared error on one-hot
+targets.
+
+The paper sums a class's maps, so its model reads one shot count only (a 5-shot sum is five
+times anything a 1-shot model saw: 41 % on 5-shot episodes); the mean, the default here, keeps
+a class map on one scale for every shot, so one model serves 1 and 5 shots (`combine`)."""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ from fewshot.methods.embedding import settings_backbone
 from fewshot.runtime.settings import SettingError
 
 RELATION_LOSSES = ("mse", "cross_entropy")
+COMBINES = ("mean", "sum")
 
 
 def relation_block(in_channels: int, channels: int, side: int) -> tuple[nn.Sequential, int]:
@@ -28,13 +34,20 @@ def relation_block(in_channels: int, channels: int, side: int) -> tuple[nn.Seque
 
 
 class RelationHead(nn.Module):
-    """Relation Networks' relation module: each class's support feature maps summed over its
-    shots, concatenated with a query's map along the channels, two conv blocks and two fully
-    connected layers (ReLU, then one output): the relation score before its sigmoid."""
+    """Relation Networks' relation module: each class's support feature maps combined over its
+    shots (`combine`: mean or the paper's sum), concatenated with a query's map along the
+    channels, two conv blocks and two fully connected layers (ReLU, then one output): the
+    relation score before its sigmoid."""
 
-    def __init__(self, feature_map: tuple[int, int, int], channels: int = 64, hidden: int = 8):
+    def __init__(
+        self,
+        feature_map: tuple[int, int, int],
+        channels: int = 64,
+        hidden: int = 8,
+        combine: str = "mean",
+    ):
         super().__init__()
-        self.feature_map = feature_map
+        self.feature_map, self.combine = feature_map, combine
         depth, side, _ = feature_map
         # What training holds per (query, class) pair: the pair's maps, about three times.
         self.pair_bytes = 3 * 4 * 2 * depth * side * side
@@ -58,6 +71,8 @@ class RelationHead(nn.Module):
         check_query(query, support)
         b, nq, _ = query.shape
         classes = one_hot.transpose(1, 2) @ support  # [B, way, d]: sums over the shots
+        if self.combine == "mean":
+            classes = classes / shot
         pairs = torch.cat(
             [
                 classes[:, None].expand(b, nq, way, -1).reshape(-1, *self.feature_map),
@@ -68,13 +83,19 @@ class RelationHead(nn.Module):
         return self.score(self.blocks(pairs)).view(b, nq, way)
 
 
-def build_relation_method(settings: dict, loss: str = "mse", hidden: int = 8) -> ComparisonMethod:
+def build_relation_method(
+    settings: dict, loss: str = "mse", hidden: int = 8, combine: str = "mean"
+) -> ComparisonMethod:
     """Relation Networks on the settings' backbone (method options: loss mse or
-    cross_entropy, hidden); a Conv-4 leaves its last max-pool out unless its options say
-    otherwise, so that the relation module compares feature maps."""
+    cross_entropy, hidden, combine mean or sum); a Conv-4 leaves its last max-pool out unless
+    its options say otherwise, so that the relation module compares feature maps."""
     if loss not in RELATION_LOSSES:
         raise SettingError(
             "method_options", f"loss must be one of {', '.join(RELATION_LOSSES)}, got {loss!r}"
+        )
+    if combine not in COMBINES:
+        raise SettingError(
+            "method_options", f"combine must be one of {', '.join(COMBINES)}, got {combine!r}"
         )
     if hidden < 1:
         raise SettingError("method_options", f"hidden must be >= 1, got {hidden}")
@@ -88,6 +109,6 @@ def build_relation_method(settings: dict, loss: str = "mse", hidden: int = 8) ->
             "must keep a feature map for --method relation (Conv-4 with max-pooling, ResNet-12 "
             "without avg_pool)",
         )
-    head = RelationHead(backbone.feature_map, hidden=hidden)
+    head = RelationHead(backbone.feature_map, hidden=hidden, combine=combine)
     # Label smoothing is refused for the method (UNUSED_SETTINGS); the MSE has no use for it.
     return ComparisonMethod(backbone, head, "relation", loss, settings["amp"])
