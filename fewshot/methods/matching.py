@@ -116,7 +116,9 @@ def build_matching_method(
             "method_options",
             f"similarity must be one of {', '.join(SIMILARITIES)}, got {similarity!r}",
         )
-    if not (0 < temperature < float("inf")) or similarity != "scaled_cosine" and temperature != 10:
+    if not (0 < temperature < float("inf")) or (
+        similarity != "scaled_cosine" and temperature != 10
+    ):
         raise SettingError(
             "method_options",
             f"temperature must be a positive finite number with similarity scaled_cosine, "
