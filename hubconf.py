@@ -3,7 +3,8 @@
 torch.hub.load(REPO, "resnet12", avg_pool=True) builds a backbone (REPO: a clone's path with
 source="local", or the GitHub owner/name); torch.hub.load(REPO, "protonet_conv4_omniglot")
 returns the trained model in eval mode (`maml_conv4_omniglot`: the MAML one;
-`matching_conv4_omniglot`, `relation_conv4_omniglot`: Matching and Relation Networks).
+`matching_conv4_omniglot`, `relation_conv4_omniglot`: Matching and Relation Networks, one model
+per training shape, `shape="20way5shot"`).
 """
 
 from pathlib import Path
@@ -74,21 +75,31 @@ def maml_conv4_omniglot(
     return _zoo_model("maml_conv4_5way1shot_cpu", "maml_conv4_omniglot", pretrained, device)
 
 
+def _shaped_zoo_model(
+    method: str, owner: str, shape: str, pretrained: bool, device: str | torch.device
+) -> Method:
+    """The zoo's `method` model trained on `shape` episodes (e.g. '5way1shot'), refused by name
+    when no such model is shipped."""
+    shipped = sorted(p.stem.split("_")[-1] for p in (ZOO / "omniglot").glob(f"{method}_conv4_*.pt"))
+    if shape not in shipped:
+        raise ValueError(f"{owner} shape must be one of {', '.join(shipped)}, got {shape!r}")
+    return _zoo_model(f"{method}_conv4_{shape}", owner, pretrained, device)
+
+
 def matching_conv4_omniglot(
-    pretrained: bool = True, device: str | torch.device = "cpu"
+    pretrained: bool = True, device: str | torch.device = "cpu", shape: str = "5way1shot"
 ) -> ComparisonMethod:
-    """Matching Networks (Conv-4, cosine attention) trained 5-way 1-shot on Omniglot's train
-    classes on a CPU budget (4000 episodes), in eval mode; `model.accuracy(images, shot)` on
-    episodes of images [B, way, shot + query, 1, 28, 28] (support first, ink 1 on 0)."""
-    name = "matching_conv4_5way1shot"
-    return _zoo_model(name, "matching_conv4_omniglot", pretrained, device)
+    """Matching Networks (Conv-4, attention over squared Euclidean distances) trained on
+    Omniglot's train classes with `shape` episodes ('5way1shot', '20way5shot', ...), in eval
+    mode; `model.accuracy(images, shot)` on episodes of images [B, way, shot + query, 1, 28,
+    28] (support first, ink 1 on 0). Accuracies: docs/results.md."""
+    return _shaped_zoo_model("matching", "matching_conv4_omniglot", shape, pretrained, device)
 
 
 def relation_conv4_omniglot(
-    pretrained: bool = True, device: str | torch.device = "cpu"
+    pretrained: bool = True, device: str | torch.device = "cpu", shape: str = "5way1shot"
 ) -> ComparisonMethod:
-    """Relation Networks (Conv-4 without its last max-pool, the relation module) trained 5-way
-    1-shot on Omniglot's train classes on a CPU budget (4000 episodes), in eval mode;
-    `model.accuracy(images, shot)` as for `matching_conv4_omniglot`."""
-    name = "relation_conv4_5way1shot"
-    return _zoo_model(name, "relation_conv4_omniglot", pretrained, device)
+    """Relation Networks (Conv-4 without its last max-pool, the relation module over the mean
+    of each class's maps) trained on Omniglot's train classes with `shape` episodes, in eval
+    mode; `model.accuracy(images, shot)` as for `matching_conv4_omniglot`."""
+    return _shaped_zoo_model("relation", "relation_conv4_omniglot", shape, pretrained, device)

@@ -167,6 +167,36 @@ def check_metric(out: Path, printed: str) -> None:
     assert "EHG, 4 training episodes, 2 seeds" in (out / "results.md").read_text()
 
 
+def check_matching_similarity(out: Path, printed: str) -> None:
+    arms = load(out / "results.json")["arms"]
+    assert set(arms) == {"cosine", "scaled_cosine", "euclidean", "euclidean_fce"}
+    text = (out / "results.md").read_text()
+    for arm, record in arms.items():
+        assert len(record["accuracy"]) == 2
+        for seed, accuracy in enumerate(record["accuracy"]):
+            evaluation = load(out / "evals" / f"{arm}_seed{seed}.json")
+            assert 100 * accuracy == pytest.approx(evaluation["accuracy"], abs=1e-4)
+        assert f"| {arm} | `" in text
+
+
+def check_omniglot_reproduction(out: Path, printed: str) -> None:
+    rows = load(out / "results.json")["rows"]
+    shipped = [r for r in rows if r["shipped"]]
+    assert [(r["config"], r["way"], r["shot"]) for r in shipped] == [
+        ("relation_conv4_5way5shot", 5, 5)
+    ]
+    (row,) = shipped
+    checkpoint = torch.load(out / "zoo" / "relation_conv4_5way5shot.pt", weights_only=True)
+    assert set(checkpoint) == {"config", "model", "progress"}  # no optimizer state shipped
+    assert row["trained"]["episodes"] == 4 and row["trained"]["epochs"] == 1
+    evaluation = load(out / "evals" / f"relation_conv4_5way5shot.{row['sha256'][:12]}.5w5s.json")
+    assert row["accuracy"] == pytest.approx(evaluation["accuracy"], abs=1e-4)
+    assert (out / "logs" / "relation_conv4_5way5shot.jsonl").is_file()
+    text = (out / "results.md").read_text()
+    assert "| Relation Networks | 5-way 5-shot | " in text
+    assert all(r["why"] for r in rows if not r["shipped"])
+
+
 def check_omniglot_ehg(out: Path, printed: str) -> None:
     rows = load(out / "ehg_experiment.json")["rows"]
     assert [(r["head"], r["U"]) for r in rows] == [
@@ -293,6 +323,18 @@ DRIVERS = {
         ("--out", "{out}", *OMNIGLOT),
         ("compare.json", "curves.png"),
         check_maml_vs_learn2learn,
+    ),
+    "matching_similarity": Driver(
+        "experiments.matching_similarity.study",
+        ("--out", "{out}", *OMNIGLOT),
+        ("results.json", "results.md"),
+        check_matching_similarity,
+    ),
+    "omniglot_reproduction": Driver(
+        "experiments.omniglot_reproduction.study",
+        ("--out", "{out}", "--train", "relation_conv4_5way5shot", *OMNIGLOT),
+        ("results.json", "results.md"),
+        check_omniglot_reproduction,
     ),
     "metric_omniglot": Driver(
         "experiments.metric_omniglot.study",
