@@ -1,7 +1,8 @@
 """fewshot: few-shot meta-learning with ensemble hypergradients (EHG).
 
 The Python API is the command line's equal: `fewshot.train(...)`, `fewshot.pretrain(...)`,
-`fewshot.evaluate(...)`, `fewshot.compare(...)`, `fewshot.compare_seeds(...)` and the settings
+`fewshot.evaluate(...)`, `fewshot.compare(...)`, `fewshot.compare_seeds(...)`,
+`fewshot.predict(...)` and the settings
 classes they build (see fewshot.api).
 """
 
@@ -19,6 +20,8 @@ _API = {
     "evaluate": "fewshot.api",
     "compare": "fewshot.api",
     "compare_seeds": "fewshot.api",
+    "predict": "fewshot.api",
+    "Prediction": "fewshot.cli.predict",
     "EvalSettings": "fewshot.cli.eval",
     "EvalResult": "fewshot.evaluation.episodes",
     "Difference": "fewshot.evaluation.stats",

@@ -14,6 +14,7 @@ from fewshot.cli.compare import (
     run_compare_seeds,
 )
 from fewshot.cli.eval import EvalSettings, run_eval
+from fewshot.cli.predict import Prediction, PredictSettings, run_predict
 from fewshot.cli.train import PretrainRun, TrainRun, run_train
 from fewshot.evaluation.episodes import EvalResult
 from fewshot.evaluation.stats import Difference
@@ -72,3 +73,17 @@ def compare_seeds(a: list[str | Path], b: list[str | Path], **values: Any) -> Di
     """`fewshot compare-seeds`: the mean paired difference of arms B and A across seeds."""
     arms = {"a": [str(p) for p in a], "b": [str(p) for p in b]}
     return run_compare_seeds(build(CompareSeedsSettings, [("flags", {**arms, **values})]))
+
+
+def predict(
+    checkpoint: str | Path,
+    support: str | Path,
+    query: str | Path | list[str | Path],
+    **values: Any,
+) -> Prediction:
+    """`fewshot predict`: the classes of query images (files or folders of them) from a
+    support folder of class folders; `.classes`, `.paths`, `.scores` [n, way], `.predicted`.
+    For tensors of images, a trained model's own `predict(support, labels, query)`."""
+    queries = [str(q) for q in (query if isinstance(query, list | tuple) else [query])]
+    paths = {"checkpoint": str(checkpoint), "support": str(support), "query": queries}
+    return run_predict(build(PredictSettings, [("flags", {**paths, **values})]))

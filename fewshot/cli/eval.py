@@ -77,7 +77,54 @@ def method_label(config: dict) -> str:
 
 
 @dataclass(frozen=True, kw_only=True)
-class EpisodeSettings:
+class ModelSettings:
+    """How a trained model classifies: its precision and test-time classifier."""
+
+    amp: str = amp_setting()
+    classifier: str | None = setting(
+        None,
+        help="test-time classifier on the model's frozen features (embedding methods and "
+        "pretrained models; default: the model's own head, nearest centroid for a pretrained one)",
+        choices=lambda: tuple(CLASSIFIERS),
+    )
+    classifier_options: dict = setting(
+        help="the classifier's keyword options as JSON, e.g. '{\"cl2n\": true}' (centroid: "
+        "SimpleShot's centring on the base-class mean and L2 normalisation) or '{\"C\": 1}'",
+        default_factory=dict,
+    )
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+        if self.classifier is None:
+            if self.classifier_options:
+                raise SettingError("classifier_options", "needs --classifier")
+        else:
+            check_options(
+                "classifier_options", self.classifier_options, CLASSIFIERS[self.classifier]
+            )
+
+    @property
+    def transductive(self) -> bool:
+        """Whether the classifier also uses each episode's unlabelled queries."""
+        return self.classifier in TRANSDUCTIVE
+
+    def prepare(self, method: Method, config: dict) -> None:
+        """Give a trained method (of checkpoint settings `config`) this evaluation's precision,
+        whatever it was trained in, and the --classifier (refused, before any data, for methods
+        that do not classify embeddings)."""
+        method.amp = self.amp
+        if self.classifier is None:
+            return
+        if not isinstance(method, EmbeddingMethod):
+            raise FewshotError(
+                f"--classifier does not apply to {method_label(config)}: it adapts its whole "
+                "network to every episode rather than classifying fixed features"
+            )
+        method.use_classifier(self.classifier, self.classifier_options)
+
+
+@dataclass(frozen=True, kw_only=True)
+class EpisodeSettings(ModelSettings):
     """Which seeded test episodes, drawn from which data, on which device."""
 
     dataset: str | None = setting(
@@ -105,48 +152,10 @@ class EpisodeSettings:
         help="embed every image once, where that is exact (embedding methods, the default "
         "there); --no-cache: embed every episode",
     )
-    amp: str = amp_setting()
-    classifier: str | None = setting(
-        None,
-        help="test-time classifier on the model's frozen features (embedding methods and "
-        "pretrained models; default: the model's own head, nearest centroid for a pretrained one)",
-        choices=lambda: tuple(CLASSIFIERS),
-    )
-    classifier_options: dict = setting(
-        help="the classifier's keyword options as JSON, e.g. '{\"cl2n\": true}' (centroid: "
-        "SimpleShot's centring on the base-class mean and L2 normalisation) or '{\"C\": 1}'",
-        default_factory=dict,
-    )
 
     def __post_init__(self) -> None:
-        check_fields(self)
+        super().__post_init__()
         check_data_options(self)
-        if self.classifier is None:
-            if self.classifier_options:
-                raise SettingError("classifier_options", "needs --classifier")
-        else:
-            check_options(
-                "classifier_options", self.classifier_options, CLASSIFIERS[self.classifier]
-            )
-
-    @property
-    def transductive(self) -> bool:
-        """Whether the classifier also uses each episode's unlabelled queries."""
-        return self.classifier in TRANSDUCTIVE
-
-    def prepare(self, method: Method, config: dict) -> None:
-        """Give a trained method (of checkpoint settings `config`) this evaluation's precision,
-        whatever it was trained in, and the --classifier (refused, before any data, for methods
-        that do not classify embeddings)."""
-        method.amp = self.amp
-        if self.classifier is None:
-            return
-        if not isinstance(method, EmbeddingMethod):
-            raise FewshotError(
-                f"--classifier does not apply to {method_label(config)}: it adapts its whole "
-                "network to every episode rather than classifying fixed features"
-            )
-        method.use_classifier(self.classifier, self.classifier_options)
 
     def base_center(
         self, method: Method, config: dict, device: torch.device

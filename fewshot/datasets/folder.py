@@ -183,6 +183,46 @@ def list_split(root: Path, split: str) -> Listing:
     return Listing(str(source), classes, None if source.is_dir() else source)
 
 
+def list_classes(folder: Path) -> Listing:
+    """A folder of class folders (e.g. a support set: FOLDER/<class>/*.png), listed and
+    checked before any image is decoded: refused in one line when it is missing, holds no
+    class folders or has a class without images."""
+    try:
+        if not folder.is_dir():
+            raise FewshotError(f"{folder} is not a folder of class folders")
+        names = _class_names(folder)
+        if not names:
+            raise FewshotError(f"{folder} holds no class folders")
+        classes = {name: _images(folder / name) for name in names}
+    except OSError as e:
+        raise FewshotError(f"cannot list {e.filename or folder}: {e.strerror or e}") from None
+    check_counts(names, [len(paths) for paths in classes.values()], str(folder), 1)
+    return Listing(str(folder), classes)
+
+
+def list_images(paths: list[Path]) -> Listing:
+    """Image files, and folders of them (their image files, sorted by name), as one listing of
+    one class, in the order given; refused in one line for a missing path or a folder
+    without images."""
+    files = []
+    for path in paths:
+        try:
+            if path.is_dir():
+                found = _images(path)
+                if not found:
+                    raise FewshotError(
+                        f"{path} holds no image files ({', '.join(sorted(IMAGE_SUFFIXES))})"
+                    )
+                files += found
+            elif path.is_file():
+                files.append(path)
+            else:
+                raise FewshotError(f"no such file or folder: {path}")
+        except OSError as e:
+            raise FewshotError(f"cannot list {e.filename or path}: {e.strerror or e}") from None
+    return Listing(", ".join(map(str, paths)), {"images": files})
+
+
 def check_counts(class_names: list[str], counts: list[int], source: str, per_class: int) -> None:
     """Refuse a split with a class of fewer than `per_class` images, naming it and its count."""
     if not counts:

@@ -139,6 +139,11 @@ class AdaptationMethod(Method):
         # Whether the last training step's support loss was finite at the initialisation.
         self.start_finite: torch.Tensor | bool = True
 
+    @property
+    def backbone(self) -> nn.Module:
+        """The network's backbone (what `predict` checks images against)."""
+        return self.network.backbone
+
     def adapted(self) -> nn.Module:
         """The module whose parameters adapt per episode: the classifier for ANIL."""
         return self.network.classifier if self.variant == "anil" else self.network
@@ -382,6 +387,48 @@ class AdaptationMethod(Method):
             return record["accuracy"]
 
         return torch.cat(concurrently(part, len(inputs)))
+
+    # predict's BatchNorm: the statistics of all the queries at once (True, as in training and
+    # the MAML paper), or of the support and one query (False, Nichol et al. 2018).
+    transductive = True
+
+    def scores(self, support: torch.Tensor, query: torch.Tensor, batch: int) -> torch.Tensor:
+        """Adapt to the support ([way, shot, C, H, W], `eval_inner_steps` steps), then classify
+        the queries: all in one batch when `transductive` (as the episodes of training and
+        evaluation; ANIL embeds support and queries in one pass, as it trains), else each in
+        one batch with the support images alone, so that its probabilities do not depend on the
+        other queries (`batch` such batches per vmap call)."""
+        way, shot = support.shape[:2]
+        flat = support.flatten(0, 1)
+        labels = torch.arange(way, device=flat.device).repeat_interleave(shot)
+        module, anil = self.adapted(), self.variant == "anil"
+        if anil and self.transductive:
+            features = self._run(self.backbone, torch.cat([flat, query]))
+            inputs, query = features[: len(flat)], features[len(flat) :]
+        else:
+            inputs = self._run(self.backbone, flat) if anil else flat
+        problem = self._problem(1, {}, module, False)
+        lam = tree_detach({"init": dict(module.named_parameters())})
+        with torch.enable_grad():
+            theta = problem.descend(
+                self._start(1), lam, (inputs[None], labels), self.eval_inner_steps
+            )
+        weights = {name: value[0] for name, value in theta.items()}
+        if self.transductive:
+            logits = self._run(lambda x: functional_call(module, weights, (x,)), query)
+            return torch.softmax(logits.float(), dim=-1)
+
+        def with_support(x: torch.Tensor) -> torch.Tensor:
+            """Logits of the last of the images [ns + 1, C, H, W] (a query after the support)."""
+            if anil:
+                return functional_call(module, weights, (self.backbone(x)[-1:],))[0]
+            return functional_call(module, weights, (x,))[-1]
+
+        logits = []
+        for chunk in query.split(batch):
+            batches = torch.cat([flat.expand(len(chunk), *flat.shape), chunk[:, None]], dim=1)
+            logits.append(self._run(vmap(with_support), batches))
+        return torch.softmax(torch.cat(logits).float(), dim=-1)
 
 
 def adaptation_builder(variant: str):

@@ -61,6 +61,39 @@ def describe_scales(
     return f"{flag} {', '.join(parts)}", unusual
 
 
+def support_by_class(support: Any, labels: Any, query: Any, backbone: nn.Module) -> torch.Tensor:
+    """Labelled support images [N, C, H, W] (labels [N], classes 0 .. way - 1, as many images
+    each) as [way, shot, C, H, W], class by class; refused in one line (ValueError) when they
+    or the query images [n, C, H, W] are not images of the backbone's geometry, or the classes
+    are fewer than two, not numbered from 0 or of unequal counts."""
+    c, size = backbone.in_channels, backbone.image_size
+    layout = ("N", "C", "H", "W")
+    for name, images in (("support", support), ("query", query)):
+        if not (isinstance(images, torch.Tensor) and images.is_floating_point()):
+            raise ValueError(
+                f"predict {name} must be a float tensor [N, {c}, {size}, {size}] of normalised "
+                f"images, got {describe_tensor(images)}"
+            )
+        fault = shape_fault(images.shape, layout, {"C": c, "H": size, "W": size}, {"N": 1})
+        if fault:
+            raise ValueError(f"predict {name} {fault}")
+    if not isinstance(labels, torch.Tensor) or labels.shape != support.shape[:1]:
+        raise ValueError(
+            f"predict support_labels must be a tensor [{len(support)}] of class ids, one per "
+            f"support image, got {describe_tensor(labels)}"
+        )
+    if labels.is_floating_point() or labels.dtype == torch.bool:
+        raise ValueError(f"predict support_labels must be integer class ids, got {labels.dtype}")
+    counts = torch.bincount(labels.cpu()) if labels.min() >= 0 else torch.zeros(0)
+    if len(counts) < 2 or counts.min() < 1 or counts.min() != counts.max():
+        raise ValueError(
+            "predict support_labels must number at least two classes 0 .. way - 1 with as "
+            f"many images each, got counts {torch.bincount(labels.cpu().clamp(min=0)).tolist()}"
+        )
+    order = torch.argsort(labels, stable=True).to(support.device)
+    return support[order].view(len(counts), int(counts[0]), *support.shape[1:])
+
+
 class Method(nn.Module):
     """A few-shot method: `forward` is the training loss, `solver` evaluates test episodes.
 
@@ -107,6 +140,31 @@ class Method(nn.Module):
 
     def accuracy(self, images: torch.Tensor, shot: int) -> torch.Tensor:
         """Query accuracy of each test episode [B] (images [B, way, pool, C, H, W])."""
+        raise NotImplementedError
+
+    # What `predict` returns per class: a probability, unless the method says otherwise.
+    score_name = "probability"
+    # Whether a query's scores depend on the other queries (a transductive classifier).
+    transductive = False
+
+    def predict(
+        self,
+        support: torch.Tensor,
+        support_labels: torch.Tensor,
+        query: torch.Tensor,
+        batch: int = 256,
+    ) -> torch.Tensor:
+        """Scores [n, way] (`score_name`) of each query image [n, C, H, W] for the classes of
+        the labelled support images [N, C, H, W] (labels 0 .. way - 1, as many images each),
+        all normalised as the model's training images; `batch` queries per forward pass
+        (the scores do not depend on it)."""
+        grouped = support_by_class(support, support_labels, query, self.backbone)
+        self.check_way(len(grouped))
+        with torch.no_grad():
+            return self.scores(grouped, query, batch)
+
+    def scores(self, support: torch.Tensor, query: torch.Tensor, batch: int) -> torch.Tensor:
+        """`predict`'s scores from the support as [way, shot, C, H, W]."""
         raise NotImplementedError
 
     def solver(

@@ -10,6 +10,7 @@ stays at 1 (neither paper has one).
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from fewshot.methods.embedding import EmbeddingMethod
@@ -34,6 +35,15 @@ class ComparisonMethod(EmbeddingMethod):
         self.head_name, self.head_fn = name, comparator.__call__
         self.loss = loss
         self.scale.requires_grad_(False)  # the comparison's own output is the logit
+
+    @property
+    def score_name(self) -> str:
+        """Relation Networks' scores are the relation module's sigmoids, not probabilities."""
+        return "relation score" if self.loss == "mse" else "probability"
+
+    def to_scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """Probabilities, or the sigmoid relation scores of a model trained on them (MSE)."""
+        return torch.sigmoid(logits) if self.loss == "mse" else torch.softmax(logits, dim=-1)
 
     def head_terms(
         self, episodes: int, way: int, pool: int, shot: int, resplits: int

@@ -16,7 +16,7 @@ from fewshot.backbones import build_backbone
 from fewshot.backbones.footprint import activation_elements
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import images_to_device
-from fewshot.heads import CLASSIFIERS, HEADS, REGULARISATION
+from fewshot.heads import CLASSIFIERS, HEADS, REGULARISATION, TRANSDUCTIVE
 from fewshot.methods.base import EpisodeSolver, Method, check_episodes, describe_scales
 from fewshot.methods.resplit import episode_loss
 from fewshot.runtime.memory import MemoryTerm
@@ -93,6 +93,27 @@ class EmbeddingMethod(Method):
         b, way, pool = images.shape[:3]
         embeddings = self.embed(images.flatten(0, 2)).view(b, way, pool, -1)
         return episode_loss(embeddings, self.head, self.scale, shot)[1]
+
+    @property
+    def transductive(self) -> bool:
+        """Whether the classifier also reads the unlabelled queries (BD-CSPN, TIM, PT-MAP)."""
+        return self.head_name in TRANSDUCTIVE
+
+    def to_scores(self, logits: torch.Tensor) -> torch.Tensor:
+        """Class probabilities of the scaled logits."""
+        return torch.softmax(logits, dim=-1)
+
+    def scores(self, support: torch.Tensor, query: torch.Tensor, batch: int) -> torch.Tensor:
+        """Embed the support once and the queries `batch` at a time (BatchNorm in eval mode:
+        an image's embedding is its own), then classify them in the same chunks, or all at
+        once for a transductive classifier."""
+        way, shot = support.shape[:2]
+        features = self.embed(support.flatten(0, 1))[None]
+        labels = torch.arange(way, device=support.device).repeat_interleave(shot)[None]
+        queries = torch.cat([self.embed(chunk) for chunk in query.split(batch)])
+        chunks = [queries] if self.transductive else queries.split(batch)
+        logits = [self.scale * self.head(q[None], features, labels, way, shot)[0] for q in chunks]
+        return self.to_scores(torch.cat(logits).float())
 
     def divergence_advice(self) -> str:
         """The meta-training, naming the options that regularise the head's problem (ridge,

@@ -1,0 +1,209 @@
+"""`fewshot predict`: classify new images from a few labelled ones with a trained model.
+
+The support is a folder of class folders, the queries image files or folders of them; both are
+read at the checkpoint's geometry (resized and converted, said once) and normalised as its
+training images. Every query gets the predicted class and a score per class, printed as a
+summary per class and written as CSV or JSON (`--out`).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fewshot.cli.eval import ModelSettings, method_label
+from fewshot.datasets.base import ImageSplit
+from fewshot.datasets.batches import images_to_device
+from fewshot.datasets.folder import Listing, decode_listing, first_image, list_classes, list_images
+from fewshot.methods.base import Method
+from fewshot.methods.embedding import EmbeddingMethod
+from fewshot.runtime.device import device_setting, resolve_device
+from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.io import (
+    atomic_write_json,
+    atomic_write_text,
+    file_sha256,
+    prepare_output,
+)
+from fewshot.runtime.settings import Command, SettingError, setting
+from fewshot.training.checkpoint import as_trained, checkpoint_file, load_trained
+
+OUT_SUFFIXES = (".csv", ".json")
+BATCH_NORM = ("transductive", "per-query")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What `predict` found: per query image its path and scores per class [n, way]."""
+
+    classes: list[str]
+    paths: list[str]
+    scores: torch.Tensor
+    score_name: str
+    transductive: bool
+
+    @property
+    def predicted(self) -> list[str]:
+        """The predicted class name of each query."""
+        return [self.classes[i] for i in self.scores.argmax(dim=1).tolist()]
+
+    def rows(self) -> list[dict]:
+        """One record per query: its path, the predicted class and the score of each class."""
+        return [
+            {"path": path, "class": label, "scores": dict(zip(self.classes, row, strict=True))}
+            for path, label, row in zip(
+                self.paths, self.predicted, self.scores.tolist(), strict=True
+            )
+        ]
+
+    def csv(self) -> str:
+        """The rows as CSV: path, predicted class, then one column per class."""
+        text = io.StringIO()
+        writer = csv.writer(text)
+        writer.writerow(["path", "class", *self.classes])
+        for row in self.rows():
+            writer.writerow(
+                [row["path"], row["class"], *(f"{v:.6g}" for v in row["scores"].values())]
+            )
+        return text.getvalue()
+
+    def summary(self) -> list[str]:
+        """One line per class: how many queries it got and their mean score for it."""
+        labels = self.scores.argmax(dim=1)
+        lines = []
+        for i, name in enumerate(self.classes):
+            mine = labels == i
+            mean = (
+                f", mean {self.score_name} {self.scores[mine, i].mean():.3f}" if mine.any() else ""
+            )
+            lines.append(f"{name}: {int(mine.sum())} of {len(labels)} queries{mean}")
+        return lines
+
+
+@dataclass(frozen=True, kw_only=True)
+class PredictSettings(ModelSettings):
+    """`fewshot predict`: a checkpoint, a support folder and query images."""
+
+    checkpoint: str = setting(
+        help="a .pt file written by fewshot train or pretrain (or its run folder)"
+    )
+    support: str = setting(help="folder of class folders: the labelled images, as many per class")
+    query: list[str] = setting(help="image files or folders of them to classify")
+    out: str | None = setting(None, help="write the predictions as .csv or .json")
+    overwrite: bool = setting(False, help="replace the file at --out")
+    batch_norm: str | None = setting(
+        None,
+        help="MAML family: BatchNorm statistics of all the queries at once (transductive, as "
+        "it trains; the default) or of the support and each query alone (per-query)",
+        choices=BATCH_NORM,
+    )
+    batch_size: int = setting(256, help="query images per forward pass", low=1)
+    device: str = device_setting()
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.out is not None and Path(self.out).suffix not in OUT_SUFFIXES:
+            raise SettingError("out", f"must end in {' or '.join(OUT_SUFFIXES)}, got {self.out!r}")
+        if self.classifier_options.get("cl2n"):
+            raise SettingError(
+                "classifier_options",
+                "cl2n needs the training split's mean feature, which fewshot eval computes; "
+                "predict does not read the training data",
+            )
+
+    def prepare(self, method: Method, config: dict) -> None:
+        """The classifier and precision (see ModelSettings), and --batch-norm for the methods
+        that adapt (refused for the others: their BatchNorm keeps its trained statistics)."""
+        super().prepare(method, config)
+        if self.batch_norm is None:
+            return
+        if isinstance(method, EmbeddingMethod):
+            raise FewshotError(
+                f"--batch-norm does not apply to {method_label(config)}: its BatchNorm uses the "
+                "statistics it learned, so each image's embedding is its own"
+            )
+        method.transductive = self.batch_norm == "transductive"
+
+
+def read_images(listing: Listing, config: dict, path: Path, what: str) -> ImageSplit:
+    """A listing's images at the geometry of the model of checkpoint `path` (settings
+    `config`), normalised as its training images; resizing or converting said once."""
+    channels, side = config["in_channels"], config["image_size"]
+    first, (have, width, height) = first_image(listing)
+    if have != channels or (width, height) != (side, side):
+        print(
+            f"{what}: images such as {first} ({have}x{width}x{height}) are read as "
+            f"{channels}x{side}x{side}, the geometry of {path}"
+        )
+    return as_trained(config, decode_listing(listing, channels, side, True, True), path)
+
+
+def run_predict(settings: PredictSettings) -> Prediction:
+    """`fewshot predict`: load a checkpoint and the images, classify, print and write."""
+    device = resolve_device(settings.device)
+    checkpoint = checkpoint_file(settings.checkpoint)
+    out = prepare_output(settings.out, settings.overwrite) if settings.out else None
+    method, config = load_trained(checkpoint, device)
+    settings.prepare(method, config)
+    support_listing = list_classes(Path(settings.support))
+    counts = {name: len(paths) for name, paths in support_listing.classes.items()}
+    if len(counts) < 2 or len(set(counts.values())) > 1:
+        raise FewshotError(
+            f"{settings.support}: the support needs two classes or more with as many images "
+            f"each, got {', '.join(f'{k!r}: {v}' for k, v in counts.items())}"
+        )
+    method.check_way(len(counts))
+    query_listing = list_images([Path(p) for p in settings.query])
+    support = read_images(support_listing, config, checkpoint, "support")
+    query = read_images(query_listing, config, checkpoint, "query")
+    everything = torch.arange(len(support.labels))
+    scores = method.predict(
+        images_to_device(support, everything, device),
+        support.labels.to(device),
+        images_to_device(query, torch.arange(len(query.labels)), device),
+        settings.batch_size,
+    )
+    result = Prediction(
+        support.class_names,
+        [str(p) for p in query_listing.images],
+        scores.cpu(),
+        method.score_name,
+        method.transductive,
+    )
+    if result.transductive:
+        print("transductive: each query's scores also depend on the other queries")
+    print("\n".join(result.summary()))
+    if out is not None:
+        write_prediction(result, out, checkpoint)
+        print(f"predictions in {settings.out}")
+    return result
+
+
+def write_prediction(result: Prediction, out: Path, checkpoint: Path) -> None:
+    """The predictions as CSV, or as JSON with what made them."""
+    if out.suffix == ".csv":
+        atomic_write_text(result.csv(), out)
+        return
+    record = {
+        "checkpoint": str(checkpoint),
+        "checkpoint_sha256": file_sha256(checkpoint),
+        "classes": result.classes,
+        "score": result.score_name,
+        "transductive": result.transductive,
+        "predictions": result.rows(),
+    }
+    atomic_write_json(record, out)
+
+
+COMMANDS = [
+    Command(
+        ("predict",),
+        "classify image files from a few labelled ones (a support folder of class folders)",
+        (PredictSettings,),
+        run_predict,
+    )
+]

@@ -1,0 +1,244 @@
+"""`fewshot predict` and `Method.predict`: new images classified from a few labelled ones, by
+every kind of method, equal to the episodes' own path; the command's output and refusals."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from PIL import Image
+
+import fewshot
+from fewshot.cli.main import main
+from fewshot.datasets.batches import images_to_device
+from fewshot.methods import build_method
+from fewshot.training.settings import TrainSettings
+
+REPO = Path(__file__).resolve().parents[1]
+PROTONET = REPO / "models" / "omniglot" / "protonet_conv4_trainval.pt"
+MAML = REPO / "models" / "omniglot" / "maml_conv4_5way1shot_cpu.pt"
+
+# Every kind of method: embedding heads, the comparison modules, the MAML family, a
+# transductive test-time classifier.
+KINDS = {
+    "protonet": {"method": "embedding"},
+    "svm": {"method": "embedding", "head": "svm"},
+    "matching": {"method": "matching"},
+    "relation": {"method": "relation", "optimizer": "adam", "lr": 1e-3},
+    "maml": {"method": "maml"},
+    "anil": {"method": "anil"},
+    "imaml": {"method": "imaml", "method_options": {"inner_steps": 2}},
+}
+
+
+def model(kind: str, way: int = 3):
+    """An untrained model of `kind` for 1x28x28 images, in eval mode."""
+    settings = TrainSettings(**KINDS[kind], way=way, shot=2, query=3, amp="off")
+    torch.manual_seed(0)
+    return build_method({**settings.to_dict(), "in_channels": 1, "image_size": 28}).eval()
+
+
+def episode(way: int = 3, shot: int = 2, query: int = 4, seed: int = 0) -> torch.Tensor:
+    """Images [1, way, shot + query, 1, 28, 28]: a pattern per class plus noise."""
+    g = torch.Generator().manual_seed(seed)
+    patterns = torch.randn(way, 1, 1, 28, 28, generator=g)
+    return (patterns + 0.8 * torch.randn(way, shot + query, 1, 28, 28, generator=g))[None]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_predict_classifies_as_the_episode_path_does(kind):
+    """The accuracy of predict's argmax on an episode's queries is the method's own accuracy of
+    that episode (the trained path of evaluation), for every kind of method."""
+    method = model(kind)
+    for seed in range(3):
+        images = episode(seed=seed)
+        support, query = images[0, :, :2].flatten(0, 1), images[0, :, 2:].flatten(0, 1)
+        labels = torch.arange(3).repeat_interleave(2)
+        scores = method.predict(support, labels, query, batch=5)
+        assert scores.shape == (12, 3)
+        right = (scores.argmax(1) == torch.arange(3).repeat_interleave(4)).float().mean()
+        assert right.item() == pytest.approx(method.accuracy(images, 2).item())
+        if method.score_name == "probability":
+            assert torch.allclose(scores.sum(1), torch.ones(12), atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["protonet", "matching", "relation"])
+def test_predict_does_not_depend_on_the_support_order_or_the_batch(kind):
+    method = model(kind)
+    images = episode()
+    support, query = images[0, :, :2].flatten(0, 1), images[0, :, 2:].flatten(0, 1)
+    labels = torch.arange(3).repeat_interleave(2)
+    scores = method.predict(support, labels, query, batch=256)
+    shuffled = torch.randperm(6, generator=torch.Generator().manual_seed(1))
+    again = method.predict(support[shuffled], labels[shuffled], query, batch=1)
+    assert torch.allclose(scores, again, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["maml", "anil", "imaml"])
+def test_a_single_image_is_predicted_alone_as_among_a_hundred_per_query(kind):
+    """Under the non-transductive BatchNorm (per-query), a query's probabilities do not depend
+    on the other queries; under the transductive one (training's way) they do."""
+    method = model(kind)
+    images = episode(query=34)
+    support, query = images[0, :, :2].flatten(0, 1), images[0, :, 2:].flatten(0, 1)
+    labels = torch.arange(3).repeat_interleave(2)
+    method.transductive = False
+    many = method.predict(support, labels, query, batch=32)
+    alone = method.predict(support, labels, query[5:6])
+    assert torch.allclose(many[5:6], alone, atol=1e-5)
+    method.transductive = True
+    assert not torch.allclose(method.predict(support, labels, query)[5:6], alone, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("labels", "message"),
+    [
+        (torch.zeros(6, dtype=torch.long), "at least two classes"),
+        (torch.tensor([0, 0, 0, 1, 1, 2]), "counts [3, 2, 1]"),
+        (torch.tensor([0.0, 0, 1, 1, 2, 2]), "integer class ids"),
+        (torch.tensor([0, 1, 2]), "one per support image"),
+    ],
+)
+def test_predict_refuses_bad_support_labels(labels, message):
+    method = model("protonet")
+    images = episode()[0].flatten(0, 1)
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        method.predict(images[:6], labels, images[6:])
+
+
+def test_predict_refuses_images_of_another_geometry():
+    method = model("protonet")
+    with pytest.raises(ValueError, match="predict query"):
+        method.predict(
+            torch.zeros(6, 1, 28, 28), torch.arange(3).repeat(2), torch.zeros(2, 3, 28, 28)
+        )
+
+
+def write_folders(
+    root: Path, split, classes: list[int], shots: int, queries: int
+) -> tuple[Path, Path]:
+    """support/<class>/*.png and query/*.png from the shipped Omniglot's test images (the
+    queries: RGB JPEGs at 56x56, as photos of another geometry), per class `shots` and
+    `queries` of its drawings."""
+    support, query = root / "support", root / "query"
+    query.mkdir(parents=True)
+    for c in classes:
+        folder = support / split.class_names[c].replace("/", "_")
+        folder.mkdir(parents=True)
+        first = 20 * c
+        for j in range(shots):
+            Image.fromarray(split.images[first + j, 0].numpy()).save(folder / f"{j}.png")
+        for j in range(shots, shots + queries):
+            image = Image.fromarray(split.images[first + j, 0].numpy()).convert("RGB")
+            image.resize((56, 56)).save(query / f"{c:04d}_{j}.jpg")
+    return support, query
+
+
+def test_predict_command_writes_csv_and_json(tmp_path, omniglot_test, capsys):
+    support, query = write_folders(tmp_path, omniglot_test, [0, 40, 80, 120, 160], 1, 3)
+    out = tmp_path / "predictions.csv"
+    argv = ["predict", "--checkpoint", str(PROTONET), "--support", str(support)]
+    assert main([*argv, "--query", str(query), "--out", str(out), "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("are read as 1x28x28") == 1  # the conversion said once
+    rows = list(csv.DictReader(out.open()))
+    classes = sorted(p.name for p in support.iterdir())
+    assert list(rows[0]) == ["path", "class", *classes]
+    assert len(rows) == 15
+    truth = [classes[i // 3] for i in range(15)]  # queries sorted by class, then drawing
+    right = sum(r["class"] == t for r, t in zip(rows, truth, strict=True))
+    assert right >= 13  # the zoo ProtoNet: 98.75 % on 5-way 1-shot episodes
+    for row in rows:
+        assert sum(float(row[c]) for c in classes) == pytest.approx(1.0, abs=1e-4)
+        assert row["class"] == max(classes, key=lambda c: float(row[c]))
+    for name in classes:
+        assert f"{name}: " in printed
+    # The same from Python, and as JSON.
+    result = fewshot.predict(PROTONET, support=support, query=query, device="cpu")
+    assert result.classes == classes and result.predicted == [r["class"] for r in rows]
+    assert result.paths == [r["path"] for r in rows]
+    record_path = tmp_path / "predictions.json"
+    assert main([*argv, "--query", str(query), "--out", str(record_path), "--device", "cpu"]) == 0
+    record = json.loads(record_path.read_text())
+    assert record["classes"] == classes and record["score"] == "probability"
+    assert [p["class"] for p in record["predictions"]] == result.predicted
+    assert not record["transductive"]
+
+
+def test_predict_with_the_maml_model_says_it_is_transductive(tmp_path, omniglot_test, capsys):
+    support, query = write_folders(tmp_path, omniglot_test, [0, 40, 80, 120, 160], 1, 2)
+    argv = ["predict", "--checkpoint", str(MAML), "--support", str(support), "--device", "cpu"]
+    assert main([*argv, "--query", str(query)]) == 0
+    assert "transductive: each query's scores also depend" in capsys.readouterr().out
+    one = sorted(query.iterdir())[0]
+    alone = fewshot.predict(MAML, support, one, batch_norm="per-query", device="cpu")
+    among = fewshot.predict(MAML, support, query, batch_norm="per-query", device="cpu")
+    assert torch.allclose(alone.scores[0], among.scores[0], atol=1e-5)
+    assert not among.transductive
+
+
+def bad_inputs(root: Path, omniglot_test) -> dict[str, tuple[list[str], str]]:
+    """Each refused case: its arguments and the line that names the fault."""
+    support, query = write_folders(root, omniglot_test, [0, 40, 80], 2, 1)
+    empty = root / "empty_class"
+    (empty / "a").mkdir(parents=True)
+    (empty / "b").mkdir()
+    Image.new("L", (28, 28)).save(empty / "a" / "x.png")
+    one = root / "one_class"
+    (one / "a").mkdir(parents=True)
+    Image.new("L", (28, 28)).save(one / "a" / "x.png")
+    unequal = root / "unequal"
+    for name, count in (("a", 1), ("b", 2)):
+        (unequal / name).mkdir(parents=True)
+        for i in range(count):
+            Image.new("L", (28, 28)).save(unequal / name / f"{i}.png")
+    not_image = root / "notes.png"
+    not_image.write_text("not an image")
+    foreign = root / "foreign.pt"
+    torch.save({"state_dict": {"w": torch.zeros(2)}}, foreign)
+    existing = root / "taken.csv"
+    existing.write_text("mine\n")
+    ok = ["--support", str(support), "--query", str(query)]
+    return {
+        "empty class": (["--support", str(empty), "--query", str(query)], "'b' of"),
+        "one class": (["--support", str(one), "--query", str(query)], "two classes or more"),
+        "unequal": (["--support", str(unequal), "--query", str(query)], "'a': 1, 'b': 2"),
+        "not an image": (["--support", str(support), "--query", str(not_image)], "notes.png"),
+        "missing query": (["--support", str(support), "--query", str(root / "nope")], "nope"),
+        "foreign checkpoint": (["--checkpoint", str(foreign), *ok], "foreign.pt"),
+        "taken out": ([*ok, "--out", str(existing)], "pass --overwrite"),
+        "bad suffix": ([*ok, "--out", str(root / "p.txt")], "--out must end in .csv or .json"),
+        "batch norm": ([*ok, "--batch-norm", "per-query"], "--batch-norm does not apply"),
+        "cl2n": (
+            [*ok, "--classifier", "centroid", "--classifier-options", '{"cl2n": true}'],
+            "cl2n needs the training split's mean feature",
+        ),
+    }
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path, omniglot_test, capsys):
+    for case, (arguments, message) in bad_inputs(tmp_path, omniglot_test).items():
+        argv = ["predict", "--device", "cpu", *arguments]
+        if "--checkpoint" not in argv:
+            argv += ["--checkpoint", str(PROTONET)]
+        assert main(argv) == 2, case
+        err = capsys.readouterr().err
+        assert message in err and len(err.strip().splitlines()) == 1, (case, err)
+    assert (tmp_path / "taken.csv").read_text() == "mine\n"  # nothing overwritten
+
+
+def test_images_are_read_at_the_models_normalisation(tmp_path, omniglot_test):
+    """PNGs written from the shipped Omniglot, read back by predict, score as the split's own
+    images do (the same pixels, normalised as the model's training images)."""
+    classes = [0, 40, 80]
+    support, _ = write_folders(tmp_path, omniglot_test, classes, 2, 0)
+    files = sorted(support.rglob("1.png"))
+    result = fewshot.predict(PROTONET, support, files, device="cpu")
+    model = torch.hub.load(str(REPO), "protonet_conv4_omniglot", source="local")
+    index = torch.tensor([20 * c + j for c in classes for j in range(2)])
+    images = images_to_device(omniglot_test, index, torch.device("cpu"))
+    want = model.predict(images, torch.arange(3).repeat_interleave(2), images[1::2])
+    assert torch.allclose(result.scores, want, atol=1e-5)
