@@ -7,10 +7,26 @@ classes they build (see fewshot.api).
 """
 
 import importlib
+import re
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
-__version__ = metadata.version("fewshot")  # pyproject.toml's
+
+def _version() -> str:
+    """The installed distribution's version, else (a source tree on the path, not installed)
+    the one in the pyproject.toml beside the package."""
+    try:
+        return metadata.version("fewshot")
+    except metadata.PackageNotFoundError:
+        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+        found = pyproject.is_file() and re.search(
+            r'^version = "([^"]+)"', pyproject.read_text(), re.M
+        )
+        return found.group(1) if found else "unknown"
+
+
+__version__ = _version()
 
 # The API's names and their modules, imported on first use: the `fewshot` command imports this
 # package before torch, so that Ctrl-C while torch loads is one line (fewshot.cli.run).

@@ -420,6 +420,25 @@ def test_version_and_python_dash_m(capsys):
     assert (done.returncode, done.stdout.strip()) == (0, f"fewshot {fewshot.__version__}")
 
 
+def test_a_source_tree_that_is_not_installed_imports_with_its_version(tmp_path):
+    """Without the package's metadata (a vendored copy; -S leaves site-packages and the editable
+    install out) `import fewshot` reads the version from pyproject.toml."""
+    import subprocess
+    import sys
+
+    import tomllib
+
+    repo = Path(__file__).resolve().parents[1]
+    want = tomllib.loads((repo / "pyproject.toml").read_text())["project"]["version"]
+    code = (
+        f"import sys; sys.path.insert(0, {str(repo)!r}); import fewshot; print(fewshot.__version__)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-S", "-c", code], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, want), done.stderr
+
+
 def test_ctrl_c_while_the_commands_load_is_one_line(capsys, monkeypatch):
     import builtins
 

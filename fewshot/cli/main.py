@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from importlib import metadata
 
+import fewshot
 from fewshot.cli.compare import COMMANDS as COMPARE_COMMANDS
 from fewshot.cli.convert import COMMANDS as CONVERT_COMMANDS
 from fewshot.cli.data import COMMANDS as DATA_COMMANDS
@@ -39,9 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="fewshot", description="Few-shot meta-learning with ensemble hypergradients (EHG)."
     )
-    parser.add_argument(
-        "--version", action="version", version=f"fewshot {metadata.version('fewshot')}"
-    )
+    parser.add_argument("--version", action="version", version=f"fewshot {fewshot.__version__}")
     # Command path prefix -> the add_parser of its sub-command group.
     adders: dict[tuple[str, ...], Callable[..., argparse.ArgumentParser]] = {
         (): parser.add_subparsers(
