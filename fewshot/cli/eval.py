@@ -17,11 +17,17 @@ from fewshot.datasets import (
     dataset_names,
     load_split,
     resize_setting,
+    resolve_data_root,
 )
 from fewshot.datasets.base import ImageSplit
-from fewshot.datasets.folder import describe_source
+from fewshot.datasets.folder import describe_source, list_split
 from fewshot.datasets.sampler import EpisodeShape, check_shape
-from fewshot.evaluation.episodes import EvalResult, episode_accuracies, evaluation_terms
+from fewshot.evaluation.episodes import (
+    EvalResult,
+    episode_accuracies,
+    episode_records,
+    evaluation_terms,
+)
 from fewshot.heads import CLASSIFIERS, TRANSDUCTIVE
 from fewshot.methods.base import Method
 from fewshot.methods.embedding import EmbeddingMethod
@@ -257,6 +263,11 @@ class EvalSettings(EpisodeSettings):
     checkpoint: str = setting(help="a .pt file written by fewshot train (or its run folder)")
     out: str | None = setting(None, help="JSON result path (default: next to the checkpoint)")
     per_episode: bool = setting(False, help="also write every episode's accuracy to the JSON")
+    save_episodes: str | None = setting(
+        None,
+        help="also write every episode's images (split indices; files for a folder data set), "
+        "predictions and accuracy to this JSON file, for fewshot show",
+    )
     overwrite: bool = setting(False, help="replace a result of other settings at the --out path")
 
     def result_path(self, checkpoint: Path, dataset: str, record: dict) -> Path:
@@ -313,6 +324,7 @@ def run_eval(settings: EvalSettings) -> EvalResult:
     # Before the work: a result of other settings is kept unless --overwrite.
     path = settings.result_path(checkpoint, label, record)
     out = prepare_output(path, settings.overwrite, json_differences(result_identity(record)))
+    saved = settings.save_episodes and prepare_output(settings.save_episodes, settings.overwrite)
     method.check_way(settings.way)
     [split] = settings.episode_splits(dataset, [(config, checkpoint)])
     settings.check_evaluation(method, split, device, cache)
@@ -324,8 +336,34 @@ def run_eval(settings: EvalSettings) -> EvalResult:
         record["accuracies"] = accuracies.tolist()
     atomic_write_json(record, out)
     print(f"result in {path}")
+    if saved:
+        write_episodes(settings, method, split, device, record, saved)
+        print(f"episodes in {settings.save_episodes} (draw them with fewshot show)")
     print(result.line())
     return result
+
+
+def write_episodes(
+    settings: EvalSettings,
+    method: Method,
+    split: ImageSplit,
+    device: torch.device,
+    record: dict,
+    out: Path,
+) -> None:
+    """Every evaluated episode (`episode_records`) with what reads its images back: the data
+    set, split, data root and geometry, the class names and the result."""
+    keys = ("checkpoint", "dataset", "split", "way", "shot", "query", "seed", "accuracy", "ci95")
+    root = record.get("data_root") or str(resolve_data_root(settings.data_root).resolve())
+    files = None
+    if record["dataset"] == FOLDER:  # the split's image files, in the order it was read
+        files = [str(path) for path in list_split(Path(root), settings.split).images]
+    episodes = episode_records(
+        method, split, settings.shape, settings.episodes, settings.seed, device, files
+    )
+    data = {"data_root": root, "resize": settings.resize, "channels": settings.channels}
+    saved = {key: record[key] for key in keys} | data | {"class_names": split.class_names}
+    atomic_write_json({**saved, "episodes": episodes}, out)
 
 
 COMMANDS = [

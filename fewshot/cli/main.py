@@ -13,6 +13,7 @@ from fewshot.cli.data import COMMANDS as DATA_COMMANDS
 from fewshot.cli.eval import COMMANDS as EVAL_COMMANDS
 from fewshot.cli.import_metaoptnet import COMMANDS as IMPORT_COMMANDS
 from fewshot.cli.predict import COMMANDS as PREDICT_COMMANDS
+from fewshot.cli.show import COMMANDS as SHOW_COMMANDS
 from fewshot.cli.train import COMMANDS as TRAIN_COMMANDS
 from fewshot.evaluation.plot import COMMANDS as PLOT_COMMANDS
 from fewshot.hpo.cli import COMMANDS as HPO_COMMANDS
@@ -25,6 +26,7 @@ COMMANDS: list[Command] = [
     *TRAIN_COMMANDS,
     *EVAL_COMMANDS,
     *PREDICT_COMMANDS,
+    *SHOW_COMMANDS,
     *COMPARE_COMMANDS,
     *PLOT_COMMANDS,
     *IMPORT_COMMANDS,

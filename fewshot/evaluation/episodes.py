@@ -10,6 +10,7 @@ import torch
 from tqdm import tqdm
 
 from fewshot.datasets.base import ImageSplit
+from fewshot.datasets.batches import images_to_device
 from fewshot.datasets.sampler import EpisodeSampler, EpisodeShape
 from fewshot.evaluation.stats import ci95
 from fewshot.methods.base import Method
@@ -125,3 +126,40 @@ def evaluate(
     """Mean accuracy ± 95% CI (percent) over `episodes` seeded episodes."""
     acc = episode_accuracies(method, split, shape, episodes, seed, device, cache, progress, stop)
     return EvalResult.of(acc, shape, seed)
+
+
+def episode_records(
+    method: Method,
+    split: ImageSplit,
+    shape: EpisodeShape,
+    episodes: int,
+    seed: int,
+    device: torch.device,
+    files: list[str] | None = None,
+) -> list[dict]:
+    """What each seeded episode was: its classes (split labels), the split indices of its
+    support and query images per class (and their `files`, one per image of the split, where
+    given), the episode position of the class each query was given (by `Method.predict`, the
+    episode's own path) and its accuracy."""
+    way, shot = shape.way, shape.shot
+    labels = torch.arange(way, device=device).repeat_interleave(shot)
+    records = []
+    for batch in seeded_episodes(split, shape, episodes, seed):
+        for index in batch:
+            images = images_to_device(split, index.flatten(), device)
+            images = images.view(*index.shape, *images.shape[1:])
+            query = images[:, shot:].flatten(0, 1)
+            scores = method.predict(images[:, :shot].flatten(0, 1), labels, query)
+            predicted = scores.argmax(dim=1).view(way, -1).cpu()
+            truth = torch.arange(way)[:, None]
+            record = {
+                "classes": split.labels[index[:, 0]].tolist(),
+                "support": index[:, :shot].tolist(),
+                "query": index[:, shot:].tolist(),
+                "predicted": predicted.tolist(),
+                "accuracy": float((predicted == truth).float().mean()),
+            }
+            if files:
+                record["files"] = [[files[i] for i in row] for row in index.tolist()]
+            records.append(record)
+    return records
