@@ -18,6 +18,7 @@ from benchmarks import (
     bench_hpo,
     bench_hpo_cleaning,
     bench_memmap,
+    bench_predict,
     bench_vs_metaoptnet,
 )
 
@@ -63,6 +64,16 @@ def test_bench_hpo_cleaning_smoke(monkeypatch, capsys, tmp_path, digits_root):
     assert bench["wall_seconds"] >= bench["hpo_seconds"] == result["seconds_hpo"] > 0
     assert (bench["test_accuracy"], bench["f1"]) == (result["test_accuracy"], result["f1"])
     assert "--n-train 200" in bench["command"] and result["settings"]["n_train"] == 200
+
+
+def test_bench_predict_smoke(monkeypatch, capsys):
+    out = run(monkeypatch, capsys, bench_predict, "--smoke", "--device", "cpu")
+    assert "64 query images, 5-way 1-shot support, 1 rounds" in out
+    ours = float(re.search(rf"^Method.predict \(batch 256\) +({NUMBER}) s$", out, re.M).group(1))
+    cached = float(re.search(rf"^cached evaluation path +({NUMBER}) s$", out, re.M).group(1))
+    ratio = float(re.search(rf"^ratio ({NUMBER})x: goal <= 1.1x (met|MISSED)$", out, re.M).group(1))
+    assert ratio == pytest.approx(ours / cached, rel=0.05, abs=0.01)
+    assert re.search(r"^fewshot predict on 64 PNG files: \d+\.\d+ s", out, re.M), out
 
 
 def free_port() -> int:
