@@ -242,3 +242,18 @@ def test_images_are_read_at_the_models_normalisation(tmp_path, omniglot_test):
     images = images_to_device(omniglot_test, index, torch.device("cpu"))
     want = model.predict(images, torch.arange(3).repeat_interleave(2), images[1::2])
     assert torch.allclose(result.scores, want, atol=1e-5)
+
+
+@pytest.mark.parametrize("classifier", [None, "logistic", "pt-map"])
+def test_a_pretrained_model_predicts_with_its_test_time_classifier(
+    classifier, tmp_path, tiny_omniglot_root, omniglot_test, monkeypatch
+):
+    """A `fewshot pretrain` checkpoint predicts by nearest centroid or a --classifier, with
+    probabilities; a transductive classifier says so."""
+    monkeypatch.setenv("FEWSHOT_DATA", str(tiny_omniglot_root))
+    run = fewshot.pretrain(epochs=1, batch_size=64, val_episodes=2, out=str(tmp_path / "p"))
+    support, query = write_folders(tmp_path, omniglot_test, [0, 40, 80], 1, 3)
+    options = {"classifier": classifier} if classifier else {}
+    result = fewshot.predict(run / "last.pt", support, query, device="cpu", **options)
+    assert result.scores.shape == (9, 3) and result.transductive == (classifier == "pt-map")
+    assert torch.allclose(result.scores.sum(1), torch.ones(9), atol=1e-4)
