@@ -187,3 +187,26 @@ def test_the_documented_python_examples_run(page, small_omniglot_root, tmp_path,
     for block in blocks:
         exec(compile(block, page, "exec"), {})
     assert (work / "runs").is_dir()
+
+
+def test_path_objects_are_taken_wherever_a_path_is(tiny_omniglot_root, tmp_path):
+    run = fewshot.train(
+        data_root=tiny_omniglot_root,  # a Path, as Python users pass paths
+        epochs=1,
+        episodes_per_epoch=2,
+        val_episodes=2,
+        out=tmp_path / "run",
+    )
+    assert (run / "last.pt").is_file()
+    result = fewshot.evaluate(run / "last.pt", data_root=tiny_omniglot_root, **TINY_EVAL)
+    assert 0 <= result.accuracy <= 100
+    again = fewshot.train(resume=run / "last.pt", epochs=2, episodes_per_epoch=2, val_episodes=2)
+    assert again == run
+
+
+def test_a_config_file_given_as_the_settings_says_where_it_goes():
+    with pytest.raises(
+        fewshot.FewshotError,
+        match=r"settings must be a TrainSettings, got str 'x.json'; a config file goes in config=",
+    ):
+        fewshot.train("x.json")

@@ -498,3 +498,28 @@ def test_a_way_the_validation_split_cannot_give_is_refused_before_training(capsy
     err = error_line(capsys, ["train", "--val-way", "30", "--out", str(tmp_path / "r")])
     assert "30-way episodes need 30 classes, 24 in" in err
     assert not (tmp_path / "r" / "last.pt").exists()
+
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+ZOO_PROTONET = REPO_ROOT / "models" / "omniglot" / "protonet_conv4_trainval.pt"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["eval", "--checkpoint", str(ZOO_PROTONET), "--episodes", "2", "--out"],
+        ["train", "--epochs", "1", "--episodes-per-epoch", "2", "--out"],
+        [
+            "plot",
+            str(REPO_ROOT / "experiments" / "omniglot_zoo" / "protonet_conv4_1shot.metrics.jsonl"),
+            "--out",
+        ],
+    ],
+    ids=["eval", "train", "plot"],
+)
+def test_an_output_name_longer_than_the_file_system_allows_is_one_line(argv, tmp_path, capsys):
+    long = str(tmp_path / ("a" * 300)) + (".png" if argv[0] == "plot" else ".json")
+    assert main([*argv, long]) == 2
+    err = capsys.readouterr().err
+    assert "File name too long" in err and len(err.strip().splitlines()) == 1, err
+    assert list(tmp_path.iterdir()) == []

@@ -464,3 +464,19 @@ def test_options_that_do_not_apply_are_refused(argv, message, capsys, tmp_path, 
     monkeypatch.chdir(tmp_path)
     assert message in refused(argv, capsys)
     assert not list(tmp_path.iterdir())
+
+
+def test_sixteen_bit_grayscale_keeps_its_contrast(tmp_path):
+    """16-bit PNGs are scaled to 8 bits over their full range (Pillow's conversion clips them
+    at 255: a set of them trained on blank images)."""
+    rng = np.random.default_rng(0)
+    eight = rng.integers(0, 256, size=(3, 2, SIDE, SIDE), dtype=np.uint8)
+    for c in range(3):
+        for i in range(2):
+            folder = tmp_path / "test" / f"class{c}"
+            folder.mkdir(parents=True, exist_ok=True)
+            wide = eight[c, i].astype(np.uint16) * 257  # the same picture on 0..65535
+            Image.fromarray(wide).save(folder / f"{i}.png")
+            assert Image.open(folder / f"{i}.png").mode.startswith("I;16")
+    split = load_split("folder", "test", tmp_path, converted=False)
+    assert torch.equal(split.images[:, 0], torch.from_numpy(eight.reshape(6, SIDE, SIDE)))

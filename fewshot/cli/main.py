@@ -80,6 +80,12 @@ def main(argv: list[str] | None = None) -> int:
     except FewshotError as e:
         print(f"{name}: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        if e.filename is None:  # not about a path the user gave: a fault of ours
+            raise
+        # A path no check foresaw (a name longer than the file system allows, ...).
+        print(f"{name}: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+        return 2
     except (KeyboardInterrupt, Interrupted) as e:
         print(f"{name}: interrupted{': ' + str(e) if str(e) else ''}", file=sys.stderr)
         return exit_status(e)

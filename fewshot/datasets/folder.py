@@ -30,7 +30,13 @@ import torch
 from PIL import ImageMode
 
 from fewshot.datasets.base import ImageSplit
-from fewshot.datasets.image_folder import DECODE_ERRORS, in_parallel, open_image, resized
+from fewshot.datasets.image_folder import (
+    DECODE_ERRORS,
+    converted,
+    in_parallel,
+    open_image,
+    resized,
+)
 from fewshot.datasets.memmap import convert_once
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.memory import refuse_if_too_big
@@ -324,7 +330,7 @@ def decode_listing(
                         f"mixed sizes: {path} is {img.width}x{img.height}, {first} is "
                         f"{side}x{side}; give --resize N to resize every image to N x N"
                     )
-                pixels = np.asarray(resized(img.convert(mode), side))
+                pixels = np.asarray(resized(converted(img, mode), side))
         except DECODE_ERRORS as e:
             raise FewshotError(f"cannot decode image {path}: {e}") from None
         out[i] = pixels.reshape(side, side, channels)

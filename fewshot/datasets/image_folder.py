@@ -68,7 +68,7 @@ def decode_images(
     def decode(i: int) -> None:
         try:
             with open_image(items[i]) as img:
-                pixels = np.asarray(resized(img.convert("RGB"), size))
+                pixels = np.asarray(resized(converted(img, "RGB"), size))
         except DECODE_ERRORS as e:
             name = items[i] if isinstance(items[i], Path) else f"image {i}"
             raise FewshotError(f"{source}: cannot decode {name}: {e}") from None
@@ -76,6 +76,18 @@ def decode_images(
 
     in_parallel(len(items), decode)
     return out
+
+
+def converted(img: Image.Image, mode: str) -> Image.Image:
+    """`img` in `mode` ('L' or 'RGB'). 16-bit grayscale is scaled to 8 bits over its full
+    range, and 32-bit integer grayscale (Pillow's mode for some 16-bit files) too when it
+    holds values over 255: Pillow's own conversion clips them at 255, a blank image."""
+    if img.mode.startswith("I;16") or img.mode == "I":
+        values = np.asarray(img).astype(np.int64)
+        if img.mode.startswith("I;16") or values.max(initial=0) > 255:
+            values = values * 255 // 65535
+        img = Image.fromarray(values.clip(0, 255).astype(np.uint8), "L")
+    return img.convert(mode)
 
 
 def resized(img: Image.Image, size: int) -> Image.Image:
