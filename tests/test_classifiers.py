@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from sklearn.linear_model import LogisticRegression
 
+from fewshot.cli.main import main
 from fewshot.datasets import REPO_DATA
 from fewshot.datasets.batches import images_to_device
 from fewshot.heads import (
@@ -281,3 +282,31 @@ def test_cuda_equals_cpu(name):
     on_gpu = CLASSIFIERS[name](query.to(cuda), support.to(cuda), labels.to(cuda), 5, 5, **moved)
     assert on_gpu.device.type == "cuda" and on_gpu.dtype == torch.float32
     torch.testing.assert_close(on_gpu.cpu(), on_cpu, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("classifier", "options", "message"),
+    [
+        ("logistic", '{"C": 0}', "logistic C must be positive"),
+        ("logistic", '{"max_iter": 0}', "max_iter must be at least 1"),
+        ("finetune", '{"steps": 0}', "steps must be at least 1"),
+        ("finetune", '{"classifier": "svm"}', "must be one of linear, cosine"),
+        ("tim", '{"temperature": 0}', "temperature > 0"),
+        ("pt-map", '{"beta": 0}', "beta > 0"),
+        ("bd-cspn", '{"epsilon": 0}', "epsilon must be positive"),
+        ("logistic", None, "--way logistic needs at least 2 classes"),
+    ],
+)
+def test_a_classifiers_bad_option_is_refused_before_any_data(
+    classifier, options, message, monkeypatch, capsys
+):
+    def no_data(*args, **kwargs):
+        raise AssertionError("the data was read before the classifier's options were checked")
+
+    monkeypatch.setattr("fewshot.cli.eval.load_split", no_data)
+    checkpoint = str(REPO_DATA.parent / "models" / "omniglot" / "protonet_conv4_trainval.pt")
+    argv = ["--classifier-options", options] if options else ["--way", "1"]
+    argv = ["eval", "--checkpoint", checkpoint, "--classifier", classifier, *argv]
+    assert main([*argv, "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err

@@ -28,7 +28,7 @@ from fewshot.evaluation.episodes import (
     episode_records,
     evaluation_terms,
 )
-from fewshot.heads import CLASSIFIERS, TRANSDUCTIVE
+from fewshot.heads import CLASSIFIERS, TRANSDUCTIVE, check_head
 from fewshot.methods.base import Method
 from fewshot.methods.embedding import EmbeddingMethod
 from fewshot.runtime.device import device_setting, resolve_device
@@ -108,6 +108,16 @@ class ModelSettings:
             check_options(
                 "classifier_options", self.classifier_options, CLASSIFIERS[self.classifier]
             )
+            # Its own checks, before any data: the values, then the shape it cannot take.
+            for key, (way, shot) in (("classifier_options", (2, 1)), *self.classifier_shape()):
+                try:
+                    check_head(self.classifier, way, shot, self.classifier_options)
+                except FewshotError as e:
+                    raise SettingError(key, str(e)) from None
+
+    def classifier_shape(self) -> list[tuple[str, tuple[int, int]]]:
+        """The setting that sets the episodes' shape and that shape, where it is known."""
+        return []
 
     @property
     def transductive(self) -> bool:
@@ -162,6 +172,10 @@ class EpisodeSettings(ModelSettings):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_data_options(self)
+
+    def classifier_shape(self) -> list[tuple[str, tuple[int, int]]]:
+        """--way, with the episodes' way and shot."""
+        return [("way", (self.way, self.shot))]
 
     def base_center(
         self, method: Method, config: dict, device: torch.device

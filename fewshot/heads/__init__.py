@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 
 import torch
@@ -39,18 +40,34 @@ REGULARISATION: dict[str, dict[str, tuple[float, float]]] = {
 TRANSDUCTIVE: frozenset[str] = frozenset({"bd-cspn", "tim", "pt-map"})
 
 
-def check_head(name: str, way: int, shot: int, options: dict) -> None:
-    """Run a head once on a tiny episode like this shape: its own checks (one-line
-    FewshotErrors) refuse options and shapes it cannot take, before any data is read.
+# The options that count a classifier's iterations: its check runs one.
+ITERATIONS = ("steps", "max_iter")
 
-    The episode is at most 2-way (the heads' only limit on the shape: SVM needs two classes)
-    and 1-shot, so its cost does not grow with the settings: checking a million-way run must
-    not allocate a million-way episode before the data has ruled that way out.
+
+def check_head(name: str, way: int, shot: int, options: dict) -> None:
+    """Run a head or test-time classifier once on a tiny episode like this shape: its own
+    checks (one-line FewshotErrors) refuse options and shapes it cannot take, before any data
+    is read.
+
+    The episode is at most 2-way (the heads' only limit on the shape: SVM and logistic need
+    two classes) and 1-shot, so its cost does not grow with the settings: checking a
+    million-way run must not allocate a million-way episode before the data has ruled that
+    way out. A classifier that iterates runs one iteration (when its count is valid), and
+    CL2N's base-class centre stands in as zeros.
     """
     way, shot = min(way, 2), min(shot, 1)
     support = torch.eye(way * shot).unsqueeze(0)  # independent features: any kernel is regular
     labels = torch.arange(way).repeat_interleave(shot).unsqueeze(0)
-    HEADS[name](support[:, :1], support, labels, way, shot, **options)
+    classifier = CLASSIFIERS[name]
+    defaults = inspect.signature(classifier).parameters
+    quick = {}
+    for key in ITERATIONS:
+        count = options.get(key, defaults[key].default) if key in defaults else None
+        if isinstance(count, int) and not isinstance(count, bool) and count >= 1:
+            quick[key] = 1
+    if options.get("cl2n") is True and "center" not in options:
+        quick["center"] = torch.zeros(way * shot)
+    classifier(support[:, :1], support, labels, way, shot, **{**options, **quick})
 
 
 def get_head(name: str) -> Head:
