@@ -193,6 +193,14 @@ def test_relation_compares_maps_of_a_conv4_without_its_last_pool():
             ["--method", "relation", "--method-options", '{"combine": "max"}'],
             "combine must be one of mean, sum, got 'max'",
         ),
+        (  # 66 billion parameters: refused before any is allocated
+            ["--method", "relation", "--method-options", '{"hidden": 1000000000}'],
+            "lower --method-options or --backbone-options",
+        ),
+        (  # a million reads per query: refused by the memory estimate, not by the OOM killer
+            ["--method", "matching", "--method-options", '{"fce": true, "fce_steps": 1000000}'],
+            "the full context embeddings of 150 queries",
+        ),
         (
             ["--method", "relation", "--backbone", "resnet12", "--backbone-options",
              '{"avg_pool": true}'],

@@ -49,11 +49,17 @@ class ComparisonMethod(EmbeddingMethod):
         self, episodes: int, way: int, pool: int, shot: int, resplits: int
     ) -> list[MemoryTerm]:
         """The embedding method's head terms, and what the comparison module holds per
-        (query, class) pair and re-split (its `pair_bytes`: Relation Networks' pair maps)."""
+        (query, class) pair and re-split (its `pair_bytes`: Relation Networks' pair maps) and
+        per query (its `query_bytes`, if any: Matching Networks' full context embeddings)."""
         terms = super().head_terms(episodes, way, pool, shot, resplits)
-        pairs = resplits * episodes * way * (pool - shot) * way
-        size = self.comparator.pair_bytes * pairs
+        lower = "--resplits" if resplits > 1 else "--episodes-per-batch"
+        queries = resplits * episodes * way * (pool - shot)
+        size = self.comparator.pair_bytes * queries * way
         if size:
-            lower = "--resplits" if resplits > 1 else "--episodes-per-batch"
-            terms.append(MemoryTerm(size, f"the comparison of {pairs} pairs", lower))
+            terms.append(MemoryTerm(size, f"the comparison of {queries * way} pairs", lower))
+        per_query = getattr(self.comparator, "query_bytes", None)
+        size = per_query(way * shot) * queries if per_query else 0
+        if size:
+            reads = f"the full context embeddings of {queries} queries"
+            terms.append(MemoryTerm(size, reads, "--method-options fce_steps"))
         return terms

@@ -51,6 +51,15 @@ class MatchingHead(nn.Module):
             # paper's LSTM(f'(x), [h, r], c) with the read fed as input.
             self.query_cell = nn.LSTMCell(2 * dim, dim)
 
+    def query_bytes(self, support: int) -> int:
+        """What training holds per query for the full context embeddings' reads of a support
+        of `support` samples: per read the LSTM cell's inputs, gates and states and the
+        attention (0 without fce)."""
+        if not self.fce:
+            return 0
+        dim = self.query_cell.hidden_size
+        return 4 * (self.fce_steps or support) * (9 * dim + support)
+
     def encode_support(self, support: torch.Tensor) -> torch.Tensor:
         """g(x_i, S) = g'(x_i) + forward and backward LSTM states over the support [B, ns, d]."""
         states, _ = self.support_lstm(support)

@@ -31,7 +31,7 @@ from fewshot.runtime.distributed import Distributed, any_rank, broadcast_from_ma
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.events import EventLog
 from fewshot.runtime.io import atomic_torch_save, atomic_write_json, atomic_write_text
-from fewshot.runtime.memory import check_memory, fits, format_bytes
+from fewshot.runtime.memory import MemoryTerm, check_memory, fits, format_bytes
 from fewshot.runtime.precision import precision_name
 from fewshot.runtime.run_folder import RunFolder
 from fewshot.runtime.signals import Interrupted, StopRequests
@@ -94,6 +94,19 @@ class Diverged(FewshotError):
     """A step met a non-finite loss or gradient; it was not applied."""
 
 
+def check_model_size(build, config: dict, device: torch.device) -> None:
+    """Refuse, before any weight is allocated, a model whose parameters with their gradients
+    and the optimizer's two moments cannot fit (built on the meta device to count them)."""
+    with torch.device("meta"):
+        count = sum(p.numel() for p in build(config).parameters())
+    what = f"the model's {count} parameters, their gradients and the optimizer's state"
+    check_memory(
+        [MemoryTerm(16 * count, what, "--method-options or --backbone-options")],
+        device,
+        "the model",
+    )
+
+
 class Trainer:
     """Holds the method, optimizer, batch source, progress and random streams of one run
     (episodic training or pretraining, by the settings' class); `fit` trains and checkpoints."""
@@ -134,6 +147,7 @@ class Trainer:
             "std": list(self.train_data.std),
             **self.batches.config(self.train_data),
         }
+        check_model_size(self.batches.build, self.config, device)
         self.method = self.batches.build(self.config).to(device)
         if hasattr(self.method, "batching"):  # the MAML family: the formulation that runs here
             self.config["batching"] = resolve_batching(self.method.batching, device.type)
