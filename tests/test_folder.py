@@ -480,3 +480,18 @@ def test_sixteen_bit_grayscale_keeps_its_contrast(tmp_path):
             assert Image.open(folder / f"{i}.png").mode.startswith("I;16")
     split = load_split("folder", "test", tmp_path, converted=False)
     assert torch.equal(split.images[:, 0], torch.from_numpy(eight.reshape(6, SIDE, SIDE)))
+
+
+def test_a_relative_data_root_is_recorded_whole(tmp_path, monkeypatch, omniglot_test):
+    """A run trained with a relative --data-root records where the data is, so that eval
+    from another folder reads the same data set."""
+    images = omniglot_test.images[: 20 * 10, 0].numpy().reshape(10, 20, 28, 28)
+    for split, classes in (("train", range(0, 5)), ("val", range(5, 10))):
+        for c in classes:
+            write_class(tmp_path / "mine" / split / f"class{c}", images[c, :6])
+    monkeypatch.chdir(tmp_path)
+    argv = ["train", "--dataset", "folder", "--data-root", "mine", "--way", "3", "--shot", "1"]
+    argv += ["--query", "2", "--epochs", "1", "--episodes-per-epoch", "2", "--val-episodes", "2"]
+    assert main([*argv, "--out", "run", "--device", "cpu"]) == 0
+    config = torch.load(tmp_path / "run" / "last.pt", weights_only=True)["config"]
+    assert config["data_root"] == str(tmp_path / "mine")

@@ -141,6 +141,8 @@ class Trainer:
         torch.manual_seed(settings.seed)
         self.config = {
             **settings.to_dict(),
+            # Where the data is, whatever folder a later command runs in.
+            "data_root": settings.data_root and str(Path(settings.data_root).resolve()),
             "in_channels": self.train_data.channels,
             "image_size": self.train_data.image_size,
             "mean": list(self.train_data.mean),
