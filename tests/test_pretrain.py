@@ -206,6 +206,10 @@ def test_checkpoints_of_the_wrong_stage_are_refused(pretrained, tmp_path, capsys
     assert "a conv4 backbone" in err and "trains a resnet12" in err
     err = refused([*argv, "--init", pretrained, "--method", "maml", "--out", meta], capsys)
     assert "--init does not apply to --method maml" in err
+    wider = [*argv, "--init", pretrained, "--backbone-options", '{"channels": 32}']
+    err = refused([*wider, "--out", meta], capsys)
+    assert "its backbone does not fit this run's (encoder.0.0.weight: 64x" in err
+    assert 'this run has {"channels": 32}' in err
     err = refused(["pretrain", "--resume", ZOO_MAML, "--out", meta], capsys)
     assert "a pretraining (fewshot pretrain) one is needed" in err
     assert not (tmp_path / "meta").exists()  # refused before any folder was made

@@ -9,6 +9,7 @@ uninterrupted one on a CPU.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -139,7 +140,32 @@ def pretrained_backbone(
     bad = non_finite(state)
     if not state or bad:
         raise FewshotError(f"--init {path}: no finite backbone weights ({', '.join(bad[:3])})")
+    with torch.device("meta"):  # the run's backbone, shapes only
+        built = {**settings.to_dict(), "in_channels": geometry[0], "image_size": geometry[1]}
+        want = {k: v.shape for k, v in build_method(built).backbone.state_dict().items()}
+    misfit = next(
+        (
+            k
+            for k in {**want, **state}
+            if k not in want or k not in state or want[k] != state[k].shape
+        ),
+        None,
+    )
+    if misfit is not None:
+        raise FewshotError(
+            f"--init {path}: its backbone does not fit this run's ({misfit}: "
+            f"{shape_text(state.get(misfit))} there, {shape_text(want.get(misfit))} here); it was "
+            f"pretrained with --backbone-options {json.dumps(saved['backbone_options'])}, this "
+            f"run has {json.dumps(settings.backbone_options)}"
+        )
     return state
+
+
+def shape_text(shape: torch.Size | torch.Tensor | None) -> str:
+    """A weight's shape as 64x3x3x3, or 'none'."""
+    if shape is None:
+        return "none"
+    return "x".join(map(str, shape.shape if isinstance(shape, torch.Tensor) else shape))
 
 
 def normalization(config: dict, dataset: str, path: str | Path) -> dict:
