@@ -7,11 +7,14 @@ import inspect
 import pkgutil
 import typing
 from collections.abc import Callable
+from pathlib import Path
 
 import fewshot.datasets
 from fewshot.datasets import READERS
 from fewshot.datasets.base import ImageSplit
 from fewshot.hpo.tasks.image_data import IMAGE_READERS
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def is_reader(fn: Callable) -> bool:
@@ -46,3 +49,15 @@ def test_every_dataset_reader_is_registered():
 
 def test_the_registry_holds_only_readers():
     assert all(is_reader(fn) for fn in READERS.values())
+
+
+def test_the_package_metadata_does_not_cap_torch():
+    """Lower bounds only for torch, torchvision and Pillow: an upper bound in the package's
+    metadata blocks every user on a newer release (the tested versions are pinned by
+    scripts/setup.sh instead)."""
+    import tomllib
+
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    pinned = ("torch", "torchvision", "pillow")
+    found = [d for d in pyproject["project"]["dependencies"] if d.split(">")[0] in pinned]
+    assert len(found) == 3 and all("<" not in d and "==" not in d for d in found), found
