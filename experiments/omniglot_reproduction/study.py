@@ -5,8 +5,9 @@ of the Vinyals test classes (seed 0, 15 queries per class) at one shape, beside 
 number, with the episodes it trained on, its training time and the command that reproduces
 it. `--train CONFIG` first trains `models/omniglot/CONFIG.json` to its end in `--runs`
 (resuming a run folder that is there) and ships its last checkpoint as weights, settings and
-training history (under 1 MB for a Conv-4), the log in `logs/`. A row whose checkpoint is not
-shipped says what it is waiting for (WAITING).
+training history (under 1 MB for a Conv-4), the log in `logs/`; `--ship CONFIG` ships a run as
+far as it has come (the table then says how many of its epochs it trained). A row whose
+checkpoint is not shipped says what it is waiting for (WAITING).
 
 Resumable like every study driver here (experiments/cli_runs.py); evaluations are cached
 under `evals/` by the checkpoint's SHA-256. Writes results.md and results.json into this
@@ -135,6 +136,8 @@ def main(argv: list[str] | None = None) -> None:
         flags = config_overrides(args.data_root, **sizes)
         train("train", str(config), run, epochs, *flags)
         ship(run, zoo / f"{name}.pt", out / "logs")
+    for name in args.ship:  # as far as its run has come (resumable: --train finishes it)
+        ship(f"{args.runs}/{name}", zoo / f"{name}.pt", out / "logs")
     data = config_overrides(args.data_root)
     results: dict = {"episodes": args.episodes, "rows": []}
     for row in rows():
@@ -197,6 +200,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The study's settings (from the command line unless `argv` is given)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train", nargs="*", default=[], help="configs to train and ship")
+    parser.add_argument(
+        "--ship", nargs="*", default=[], help="configs whose runs to ship as far as they came"
+    )
     parser.add_argument("--episodes", type=int, default=2000, help="test episodes per row")
     parser.add_argument("--epochs", type=int, help="of the runs (default: the configs')")
     parser.add_argument("--episodes-per-epoch", type=int, help="(default: the configs')")
