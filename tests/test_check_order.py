@@ -116,7 +116,7 @@ def test_train_refuses_an_init_of_other_geometry_before_the_data(tmp_path, capsy
 
 PRETRAIN_CASES = [
     (["--val-way", "25"], "25-way episodes need 25 classes, 24 in {val}"),
-    (["--batch-size", "100000"], "a batch of 100000 images needs 100000 images, 480 in {train}"),
+    (["--batch-size", "100000"], "--batch-size 100000 needs 100000 images, 480 in {train}"),
 ]
 
 

@@ -226,4 +226,4 @@ def test_a_classifier_needs_a_model_that_embeds(tmp_path, capsys):
 def test_a_batch_larger_than_the_split_is_refused(tmp_path, capsys):
     argv = ["pretrain", "--batch-size", "100000", "--device", "cpu"]
     err = refused([*argv, "--out", str(tmp_path / "p")], capsys)
-    assert "a batch of 100000 images needs 100000 images, 480" in err
+    assert "--batch-size 100000 needs 100000 images, 480" in err

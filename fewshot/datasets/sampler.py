@@ -96,7 +96,7 @@ class ImageBatchSampler:
     def __init__(self, images: int, batch: int, seed: int, source: str = ""):
         if batch > images:
             where = f" in {source}" if source else ""
-            raise FewshotError(f"a batch of {batch} images needs {batch} images, {images}{where}")
+            raise FewshotError(f"--batch-size {batch} needs {batch} images, {images}{where}")
         self.images, self.batch = images, batch
         self.generator = torch.Generator().manual_seed(seed)
         self.order = torch.randperm(images, generator=self.generator)
