@@ -68,8 +68,9 @@ PAPERS = {  # method: (config prefix, numbers at SHAPES, source)
 
 def rows() -> list[Row]:
     """The table's rows, in the order they are printed: ProtoNet's one train+val model at
-    every shape (as Snell et al.), each other method's model per shape, the MAML family's
-    CPU-budget 5-way 1-shot models where the paper-budget ones are not shipped."""
+    every shape (as Snell et al.), each other method's model per shape; where that one is not
+    shipped, the MAML family's CPU-budget 5-way 1-shot models, and for Matching and Relation
+    Networks their 5-way model of the shot, else of 1 shot (the row says what it trained on)."""
     table = []
     for method, (name, numbers, source) in PAPERS.items():
         for (w, s), paper in zip(SHAPES, numbers, strict=False):
@@ -78,6 +79,9 @@ def rows() -> list[Row]:
                 configs = ("protonet_conv4_trainval",)
             elif name in MAML_FAMILY and (w, s) == (5, 1):
                 configs += (f"{name}_conv4_5way1shot_cpu",)
+            elif name in ("matching", "relation"):  # any of their models reads any shape
+                configs = tuple(dict.fromkeys([*configs, f"{name}_conv4_5way{s}shot"]))
+                configs = tuple(dict.fromkeys([*configs, f"{name}_conv4_5way1shot"]))
             table.append(Row(method, w, s, configs, paper, source))
     return table
 
@@ -108,12 +112,15 @@ def ship(run: str, target: Path, logs: Path) -> None:
 
 
 def trained(path: Path) -> dict:
-    """What a shipped checkpoint says of its training: episodes, seconds, precision, best
-    validation accuracy and the one before the last epoch (how far the curve had come)."""
+    """What a shipped checkpoint says of its training: its episodes' way and shot, how many
+    episodes, seconds, precision, and the validation accuracy of its last two epochs (how far
+    the curve had come)."""
     ckpt = load_checkpoint(path)
     config, history = ckpt["config"], ckpt["progress"].get("history", [])
     vals = [row["val_acc"] for row in history if "val_acc" in row]
     return {
+        "way": config["way"],
+        "shot": config["shot"],
         "episodes": ckpt["progress"]["epoch"] * config["episodes_per_epoch"],
         "epochs": ckpt["progress"]["epoch"],
         "planned_epochs": config["epochs"],
@@ -169,7 +176,7 @@ def table(results: dict) -> str:
         "(Vinyals test classes, seed 0, 15 queries per class).",
         "",
         *markdown_header(
-            "method", "shape", "here", "paper", "episodes trained", "time", "reproduce"
+            "method", "shape", "here", "paper", "trained on", "episodes", "time", "reproduce"
         ),
     ]
     for r in results["rows"]:
@@ -177,7 +184,8 @@ def table(results: dict) -> str:
         shape = f"{r['way']}-way {r['shot']}-shot"
         command = f"`fewshot train --config models/omniglot/{r['config']}.json`"
         if not r["shipped"]:
-            lines.append(markdown_row(r["method"], shape, "not shipped", paper, "", "", command))
+            cells = ("not shipped", paper, "", "", "", command)
+            lines.append(markdown_row(r["method"], shape, *cells))
             continue
         t = r["trained"]
         episodes = f"{t['episodes']:,}"
@@ -185,7 +193,9 @@ def table(results: dict) -> str:
             episodes += f" ({t['epochs']} of {t['planned_epochs']} epochs)"
         time = f"{t['seconds'] / 60:.0f} min, {t['precision']}"
         here = percent(r["accuracy"] / 100, r["ci95"] / 100)
-        lines.append(markdown_row(r["method"], shape, here, paper, episodes, time, command))
+        trained_on = f"{t['way']}-way {t['shot']}-shot"
+        cells = (here, paper, trained_on, episodes, time, command)
+        lines.append(markdown_row(r["method"], shape, *cells))
     missing: dict[str, dict[str, None]] = {}  # why: the configs waiting for it, in order
     for r in results["rows"]:
         if not r["shipped"]:
