@@ -69,15 +69,16 @@ PAPERS = {  # method: (config prefix, numbers at SHAPES, source)
 def rows() -> list[Row]:
     """The table's rows, in the order they are printed: ProtoNet's one train+val model at
     every shape (as Snell et al.), each other method's model per shape; where that one is not
-    shipped, the MAML family's CPU-budget 5-way 1-shot models, and for Matching and Relation
-    Networks their 5-way model of the shot, else of 1 shot (the row says what it trained on)."""
+    shipped, the MAML family's CPU-budget 5-way 1-shot models at 5 ways, and for Matching and
+    Relation Networks their 5-way model of the shot, else of 1 shot (the row says what it
+    trained on)."""
     table = []
     for method, (name, numbers, source) in PAPERS.items():
         for (w, s), paper in zip(SHAPES, numbers, strict=False):
             configs = (f"{name}_conv4_{w}way{s}shot",)
             if name == "protonet":
                 configs = ("protonet_conv4_trainval",)
-            elif name in MAML_FAMILY and (w, s) == (5, 1):
+            elif name in MAML_FAMILY and w == 5:  # its classifier is 5-way: any shot
                 configs += (f"{name}_conv4_5way1shot_cpu",)
             elif name in ("matching", "relation"):  # any of their models reads any shape
                 configs = tuple(dict.fromkeys([*configs, f"{name}_conv4_5way{s}shot"]))
