@@ -46,6 +46,8 @@ def test_saved_episodes_are_the_evaluated_ones(tmp_path, checkpoint, omniglot_te
         assert e["classes"] == omniglot_test.labels[want[:, 0]].tolist()
         assert len(e["predicted"]) == 5 and all(len(row) == 3 for row in e["predicted"])
     assert saved["class_names"] == omniglot_test.class_names
+    # The MAML family's BatchNorm reads each episode's queries together: said in the result.
+    assert result["transductive"] is (checkpoint == MAML)
 
 
 def test_a_folder_data_set_records_each_images_file(tmp_path, omniglot_test):

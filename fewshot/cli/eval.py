@@ -328,7 +328,9 @@ def run_eval(settings: EvalSettings) -> EvalResult:
     record.update(
         classifier=settings.classifier,
         classifier_options=settings.classifier_options,
-        transductive=settings.transductive,
+        # A query's prediction depends on the others: a transductive classifier, or the MAML
+        # family's BatchNorm on each episode's queries.
+        transductive=method.transductive,
     )
     precision = precision_name(settings.amp, device.type)
     cache = settings.cache_for(method, method_label(config))
