@@ -225,3 +225,26 @@ def test_weights_are_saved_once_and_a_classifier_can_replace_the_comparison():
     assert method.accuracy(images, 1).shape == (2,)
     method.use_classifier("centroid", {})
     assert method.head_name == "centroid" and method.accuracy(images, 1).shape == (2,)
+
+
+def test_relation_training_step_matches_the_concatenated_pairs():
+    """In training mode (BatchNorm over all pairs) the scores and gradients equal those of the
+    paper's formulation: every pair's maps concatenated and run through the whole module."""
+    torch.manual_seed(0)
+    head = RelationHead((2, 3, 3), channels=4, hidden=5).double().train()
+    query, support, labels = episode(way=3, shot=2, nq=4, d=18)
+    got = head(query, support, labels, 3, 2)
+    classes = (support[:, 0::2] + support[:, 1::2]) / 2  # episode() lists each class's shots
+    pairs = torch.cat(
+        [
+            classes[:, None].expand(2, 4, 3, 18).reshape(-1, 2, 3, 3),
+            query[:, :, None].expand(2, 4, 3, 18).reshape(-1, 2, 3, 3),
+        ],
+        dim=1,
+    )
+    want = head.score(head.blocks(pairs)).view(2, 4, 3)
+    assert torch.allclose(got, want, atol=1e-12)
+    grads = torch.autograd.grad(got.square().sum(), [*head.parameters()])
+    ref = torch.autograd.grad(want.square().sum(), [*head.parameters()])
+    for g, r in zip(grads, ref, strict=True):
+        assert torch.allclose(g, r, atol=1e-10)

@@ -9,6 +9,7 @@ a class map on one scale for every shot, so one model serves 1 and 5 shots (`com
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from fewshot.heads.episode_inputs import check_query, support_one_hot
@@ -49,8 +50,8 @@ class RelationHead(nn.Module):
         super().__init__()
         self.feature_map, self.combine = feature_map, combine
         depth, side, _ = feature_map
-        # What training holds per (query, class) pair: the pair's maps, about three times.
-        self.pair_bytes = 3 * 4 * 2 * depth * side * side
+        # What training holds per (query, class) pair: its first block's maps, about three times.
+        self.pair_bytes = 3 * 4 * channels * side * side
         first, side = relation_block(2 * depth, channels, side)
         second, side = relation_block(channels, channels, side)
         self.blocks = nn.Sequential(first, second)
@@ -73,14 +74,17 @@ class RelationHead(nn.Module):
         classes = one_hot.transpose(1, 2) @ support  # [B, way, d]: sums over the shots
         if self.combine == "mean":
             classes = classes / shot
-        pairs = torch.cat(
-            [
-                classes[:, None].expand(b, nq, way, -1).reshape(-1, *self.feature_map),
-                query[:, :, None].expand(b, nq, way, -1).reshape(-1, *self.feature_map),
-            ],
-            dim=1,
+        # The first conv of a (class, query) pair's concatenated maps is the sum of its
+        # halves' convs: each map is convolved once (way + nq per episode, not way * nq).
+        conv = self.blocks[0][0]
+        depth = self.feature_map[0]
+        on_class = F.conv2d(
+            classes.reshape(-1, *self.feature_map), conv.weight[:, :depth], conv.bias, padding=1
         )
-        return self.score(self.blocks(pairs)).view(b, nq, way)
+        on_query = F.conv2d(query.reshape(-1, *self.feature_map), conv.weight[:, depth:], padding=1)
+        pairs = on_query.unflatten(0, (b, nq, 1)) + on_class.unflatten(0, (b, 1, way))
+        hidden = self.blocks[1](self.blocks[0][1:](pairs.flatten(0, 2)))
+        return self.score(hidden).view(b, nq, way)
 
 
 def build_relation_method(
