@@ -1,4 +1,5 @@
-"""`fewshot data fetch DATASET`: download a data set into the data root, checked and resumable."""
+"""`fewshot data fetch DATASET`: download a data set into the data root, checked and resumable;
+`fewshot data arrange SET SOURCE --out FOLDER`: a BSCD-FSL download as a folder data set."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fewshot.datasets import resolve_data_root
+from fewshot.datasets.bscd import SETS, arrange
 from fewshot.datasets.fetch import DATASETS, fetch
 from fewshot.runtime.settings import Command, check_fields, setting
 
@@ -34,6 +36,27 @@ def run_fetch(settings: FetchSettings) -> None:
     print(f"{settings.dataset}: every file in place under {root}")
 
 
+@dataclass(frozen=True)
+class ArrangeSettings:
+    """`fewshot data arrange`: which BSCD-FSL set, from which download, into which folder."""
+
+    set: str = setting(help="BSCD-FSL target set", choices=lambda: list(SETS), positional=True)
+    source: str = setting(help="the unpacked download", positional=True)
+    out: str = setting(help="new folder data set to make (OUT/test/<class>/, links)")
+
+    def __post_init__(self) -> None:
+        check_fields(self)
+
+
+def run_arrange(settings: ArrangeSettings) -> None:
+    """Link the set's images into OUT/test/<class>/, then say what is there and how to use it."""
+    counts = arrange(settings.set, Path(settings.source), Path(settings.out))
+    print(
+        f"{settings.set}: {len(counts)} classes, {sum(counts.values())} images linked into "
+        f"{Path(settings.out) / 'test'} (use --dataset folder --data-root {settings.out})"
+    )
+
+
 COMMANDS = [
     Command(
         ("data", "fetch"),
@@ -41,5 +64,12 @@ COMMANDS = [
         "checked against its checksums; an interrupted download resumes",
         (FetchSettings,),
         run_fetch,
-    )
+    ),
+    Command(
+        ("data", "arrange"),
+        "arrange a BSCD-FSL download (CropDisease, EuroSAT, ISIC 2018, ChestX-ray8) as a folder "
+        "data set: its images linked into OUT/test/<class>/ by the benchmark's labels",
+        (ArrangeSettings,),
+        run_arrange,
+    ),
 ]
