@@ -4,6 +4,7 @@ the real data sets, whose absence skips only the tests of their numbers (counted
 from __future__ import annotations
 
 import os
+import resource
 from collections import Counter
 from pathlib import Path
 
@@ -60,9 +61,53 @@ def real_data():
     return root_of
 
 
+def peak_rss_gib() -> tuple[float, float]:
+    """This process's peak resident memory and its largest finished subprocess's, in GiB."""
+    kib = [
+        resource.getrusage(who).ru_maxrss
+        for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+    ]
+    return kib[0] / 2**20, kib[1] / 2**20
+
+
+# Each xdist worker's peaks, sent to the controller when the worker finishes.
+WORKER_PEAKS: dict[str, tuple[float, float]] = {}
+
+
+def pytest_sessionfinish(session) -> None:
+    """On an xdist worker, send its memory peaks to the controller."""
+    if hasattr(session.config, "workeroutput"):
+        session.config.workeroutput["peak_rss_gib"] = peak_rss_gib()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error) -> None:
+    """On the controller, keep a finished worker's memory peaks."""
+    peaks = getattr(node, "workeroutput", {}).get("peak_rss_gib")
+    if peaks is not None:
+        WORKER_PEAKS[node.gateway.id] = tuple(peaks)
+
+
+def memory_line() -> str:
+    """The suite's peak memory: each process's peak and their sum, with each worker's largest
+    subprocess: a bound on what the suite held at once while a worker runs one subprocess at
+    a time (torchrun's ranks are the exception: two at once, of a few hundred MB each)."""
+    own, child = peak_rss_gib()
+    # Under xdist the controller's finished subprocesses are the workers, counted below.
+    processes = {"controller": (own, 0.0 if WORKER_PEAKS else child), **WORKER_PEAKS}
+    total = sum(own + child for own, child in processes.values())
+    parts = ", ".join(
+        f"{name} {own:.1f} (+ subprocess {child:.1f})" for name, (own, child) in processes.items()
+    )
+    return f"peak memory: at most {total:.1f} GiB at once ({parts}; GiB of resident memory)"
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
-    """Say how many tests skipped for a missing real data set, and how to provide it. Under
-    xdist the skips reach the controller as reports whose longrepr ends in the reason."""
+    """Report the suite's peak memory; say how many tests skipped for a missing real data set,
+    and how to provide it. Under xdist the skips reach the controller as reports whose
+    longrepr ends in the reason."""
+    terminalreporter.write_sep("-", "memory")
+    terminalreporter.write_line(memory_line())
     missing: Counter[str] = Counter()
     for report in terminalreporter.stats.get("skipped", []):
         reason = str(report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr)
