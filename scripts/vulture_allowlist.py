@@ -24,8 +24,10 @@ _.pytestmark
 _.finetune
 _.fresh_resolution
 
-# pytest calls this conftest hook by name.
+# pytest (and pytest-xdist) call these conftest hooks by name.
 _.pytest_terminal_summary
+_.pytest_sessionfinish
+_.pytest_testnodedown
 
 # http.server calls a request handler's do_<METHOD> and log_message (tests/test_fetch.py's server).
 _.do_GET
