@@ -13,7 +13,7 @@ from fewshot.datasets import REPO_DATA, load_split
 from fewshot.datasets.batches import images_to_device
 from fewshot.heads import svm
 from fewshot.heads.crammer_singer import solve_crammer_singer
-from fewshot.heads.svm import crammer_singer_dual
+from fewshot.heads.svm import _Gram, crammer_singer_dual
 from fewshot.runtime.errors import FewshotError
 from fewshot.training.checkpoint import load_trained
 
@@ -198,12 +198,46 @@ def test_the_iterations_used_are_reported_and_capped():
     assert capped.iterations == 2 and not bool(capped.converged.any())
 
 
+@pytest.mark.parametrize("check_every", [2, 3, 4])
+def test_reading_the_convergence_flag_every_few_steps_gives_the_same_solution(check_every):
+    """The GPU's schedule, run on the CPU: an episode that converged between two reads stays
+    put, so the solution and its gradient are those of a read every step; only the steps run
+    differ (rounded up to the schedule)."""
+    support, labels = random_episodes(5, 5, 16, seed=7, batch=3)
+    kernel, targets = problem(support, labels, 5)
+    weights = torch.randn(3, 25, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    solutions, gradients = [], []
+    for every in (1, check_every):
+        leaf = kernel.clone().requires_grad_()
+        solution = solve_crammer_singer(leaf, targets, check_every=every)
+        solutions.append(solution)
+        gradients.append(torch.autograd.grad((solution.alpha * weights).sum(), leaf)[0])
+    each, scheduled = solutions
+    assert bool(scheduled.converged.all())
+    assert scheduled.iterations == -(-each.iterations // check_every) * check_every
+    assert torch.equal(scheduled.alpha, each.alpha)
+    assert torch.equal(gradients[1], gradients[0])
+
+
+def test_the_gram_matrix_gradient_equals_autograds():
+    """The head's kernel x x' with its one-product backward, against autograd's, for an
+    upstream gradient that is not symmetric."""
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 6, 5, dtype=torch.float64, generator=gen, requires_grad=True)
+    upstream = torch.randn(2, 6, 6, dtype=torch.float64, generator=gen)
+    (ours,) = torch.autograd.grad((_Gram.apply(x) * upstream).sum(), x)
+    (plain,) = torch.autograd.grad(((x @ x.transpose(1, 2)) * upstream).sum(), x)
+    torch.testing.assert_close(ours, plain, rtol=1e-12, atol=1e-12)
+    assert torch.equal(_Gram.apply(x), x @ x.transpose(1, 2))
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
         ({"C": 0.0}, "C > 0"),
         ({"max_iter": 0}, "max_iter >= 1"),
         ({"tol": -1.0}, "tol > 0"),
+        ({"check_every": 0}, "check_every >= 1"),
         ({"way": 1}, "way >= 2"),
         ({"nan": True}, "non-finite"),
     ],
@@ -214,7 +248,7 @@ def test_what_the_solver_cannot_take_is_one_line(change, message):
     kernel, targets = problem(support, labels, way)
     if change.get("nan"):
         kernel[0, 0, 0] = float("nan")
-    options = {k: v for k, v in change.items() if k in ("C", "max_iter", "tol")}
+    options = {k: v for k, v in change.items() if k in ("C", "max_iter", "tol", "check_every")}
     with pytest.raises(FewshotError, match=message) as error:
         solve_crammer_singer(kernel, targets, **options)
     assert "\n" not in str(error.value)

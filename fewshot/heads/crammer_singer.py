@@ -12,9 +12,19 @@ G_m, coupled only through the n row-sum constraints, whose n x n Schur complemen
 T = sum_m (K + diag(W[:, m]))^-1 closes it. An iteration costs `way` Cholesky factorisations of
 n x n matrices instead of one of the (n way) x (n way) matrix a generic QP solver such as qpth
 factors (20-way 5-shot: 20 matrices of 100 x 100 against one of 2000 x 2000), and converges to
-high accuracy in 10-25 iterations whatever the conditioning of K. First-order methods with exact
+high accuracy in 5-20 iterations whatever the conditioning of K. First-order methods with exact
 per-sample projections (a scaled simplex) were the alternative: their iteration count grows with
 sqrt(cond(K)), and ResNet-12 kernels have condition numbers of 10^4 and more.
+
+Where the time goes (5-way 5-shot, 8 episodes, one CPU thread, benchmarks/bench_svm.py): at these
+sizes each operation's fixed cost, not its arithmetic, sets the time, so the code counts them. The
+start's barrier weights are the same for every class (one factorisation, not `way`); slack and
+multiplier are one tensor, so every step length, update and product is one operation for both;
+H^-1 v is a product and a sum (a batched matrix-vector product, one GEMM call per small matrix,
+is 2x slower at 5-way and 4x at 20-way); the LAPACK codes are read once, at the end; a step goes
+99.5% of the way to the boundary, not 99% (one step fewer at 5-way 5-shot). On a GPU the
+convergence flag is read every GPU_CHECK_EVERY steps, not every step: a read stalls the launch
+queue.
 
 The gradient comes from the optimality conditions at the solution (implicit differentiation, as
 OptNet): the backward pass solves one more Newton system with the final factorisation, so memory
@@ -31,7 +41,11 @@ import torch
 from fewshot.runtime.errors import FewshotError
 
 SIGMA_POWER = 3  # Mehrotra's centering: sigma = (affine gap / gap)^3
-STEP_FRACTION = 0.99  # of the way to the boundary of the positive orthant
+STEP_FRACTION = 0.995  # of the way to the boundary of the positive orthant
+# Steps between reads of the convergence flag on a GPU, where a read stalls the launch queue;
+# an episode that converged in between stays put, so only the steps counted differ. Two: at
+# most one wasted step. On the CPU a read costs nothing and is made every step.
+GPU_CHECK_EVERY = 2
 
 
 @dataclass
@@ -54,83 +68,63 @@ class _Newton:
     """The Newton system of one interior-point iterate, factorised once and solved for any
     right-hand side: (K + diag(W[m])) dA[m] + dmu = G[m] for every class m, sum_m dA[m] = -r.
 
-    Class-major layout: A, W, G are [B, way, n] (row m is class m's column of the dual).
-    `failed` [] says, without a synchronisation, whether a factorisation broke down.
+    Class-major layout: A, W, G are [B, way, n] (row m is class m's column of the dual); W may
+    be [B, 1, n], the same weights for every class: one factorisation serves them all.
+    `infos` are the factorisations' LAPACK codes, read once the solve ends (no synchronisation).
     """
 
-    def __init__(self, kernel: torch.Tensor, weights: torch.Tensor):
-        factor, info = torch.linalg.cholesky_ex(kernel.unsqueeze(1) + torch.diag_embed(weights))
-        self.inverses = torch.cholesky_inverse(factor)  # [B, way, n, n]
-        self.schur_factor, schur_info = torch.linalg.cholesky_ex(self.inverses.sum(1))
-        self.failed = (info != 0).any() | (schur_info != 0).any()
+    def __init__(self, kernel: torch.Tensor, weights: torch.Tensor, way: int):
+        matrices = kernel.unsqueeze(1).expand(-1, weights.shape[1], -1, -1).clone()
+        matrices.diagonal(dim1=-2, dim2=-1).add_(weights)
+        factor, info = torch.linalg.cholesky_ex(matrices)
+        self.inverses = torch.cholesky_inverse(factor)  # [B, way or 1, n, n], symmetric
+        self.schur_factor, schur_info = torch.linalg.cholesky_ex(
+            self.inverses.expand(-1, way, -1, -1).sum(1)
+        )
+        self.infos = (info, schur_info)
+
+    def _apply(self, vectors: torch.Tensor) -> torch.Tensor:
+        """H_m^-1 v_m [B, way, n], as a product and a sum (see the module's notes)."""
+        return (self.inverses * vectors.unsqueeze(-2)).sum(-1)
 
     def solve(
         self, rhs: torch.Tensor, row_residual: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """dA [B, way, n] and dmu [B, n] for class right-hand sides rhs and row sums -r."""
-        partial = (self.inverses @ rhs.unsqueeze(-1)).squeeze(-1)  # H_m^-1 G_m
+        partial = self._apply(rhs)
         total = partial.sum(1) if row_residual is None else partial.sum(1) + row_residual
-        dmu = torch.cholesky_solve(total.unsqueeze(-1), self.schur_factor)  # [B, n, 1]
-        return partial - (self.inverses @ dmu.unsqueeze(1)).squeeze(-1), dmu.squeeze(-1)
+        dmu = torch.cholesky_solve(total.unsqueeze(-1), self.schur_factor).squeeze(-1)
+        return partial - self._apply(dmu.unsqueeze(1)), dmu
 
 
-def _max_step(values: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
-    """Per episode, the largest t <= 1 keeping values + t steps >= 0 (values > 0) [B]."""
-    ratio = torch.where(steps < 0, -values / steps, 1.0)
-    return ratio.flatten(1).amin(1).clamp(max=1.0)
+def _failed(infos: list[torch.Tensor]) -> bool:
+    """Whether any factorisation broke down (one synchronisation)."""
+    return bool(torch.cat([info.flatten() for info in infos]).ne(0).any())
 
 
-def _scale(tensor: torch.Tensor) -> torch.Tensor:
-    """Per episode, the largest magnitude [B]."""
-    return tensor.flatten(1).abs().amax(1)
-
-
-@dataclass
-class _Iterate:
-    """An interior-point iterate (class-major): alpha, the slack of alpha <= U and its
-    multiplier (both > 0), and the multipliers of the row sums [B, n]."""
-
-    alpha: torch.Tensor
-    slack: torch.Tensor
-    dual: torch.Tensor
-    mu: torch.Tensor
-
-    def residuals(self, kernel, targets, bound) -> tuple[torch.Tensor, ...]:
-        """The gradient K A - Y, stationarity K A - Y + Z + mu 1', the row sums A 1 and the
-        bound residual A + S - U (K is symmetric: (K A)' = A' K)."""
-        grad = self.alpha @ kernel - targets
-        stationarity = grad + self.dual + self.mu.unsqueeze(1)
-        return grad, stationarity, self.alpha.sum(1), self.alpha + self.slack - bound
-
-    def direction(self, newton: _Newton, residuals: tuple, complementarity: torch.Tensor):
-        """The Newton direction (dA, dmu, dS, dZ) for a complementarity residual."""
-        _, stationarity, rows, bounds = residuals
-        rhs = (complementarity - self.dual * bounds) / self.slack - stationarity
-        dA, dmu = newton.solve(rhs, rows)
-        dS = -bounds - dA
-        return dA, dmu, dS, (-complementarity - self.dual * dS) / self.slack
-
-    def max_step(self, dS: torch.Tensor, dZ: torch.Tensor) -> torch.Tensor:
-        """Per episode, the largest step <= 1 that keeps slack and dual >= 0 [B]."""
-        return torch.minimum(_max_step(self.slack, dS), _max_step(self.dual, dZ))
+def _max_step(reach: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """Per episode, the largest t <= 1 keeping values + t steps >= 0, given reach = -1 / values
+    (values > 0): 1 / max(1, largest steps / -values) [B]."""
+    return (steps * reach).amax((1, 2, 3)).clamp(min=1.0).reciprocal()
 
 
 def _start(
     kernel: torch.Tensor, targets: torch.Tensor, bound: torch.Tensor
-) -> tuple[_Iterate, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[torch.Tensor, ...]]:
     """Mehrotra's start: the Newton step of the problem with unit barrier weights (a least-
-    squares point), its slack and dual shifted into the positive orthant and balanced; and
-    whether that factorisation failed."""
-    newton = _Newton(kernel, torch.ones_like(targets))
+    squares point; the weights are the same for every class, so one factorisation), its slack
+    and dual shifted into the positive orthant and balanced. Returns alpha, the pair (slack,
+    dual) [B, 2, way, n], the row multipliers and the factorisation's codes."""
+    newton = _Newton(kernel, torch.ones_like(targets[:, :1]), targets.shape[1])
     alpha, mu = newton.solve(targets + bound)
-    slack, dual = bound - alpha, alpha - bound
-    floor = 1e-3 * (1 + bound.flatten(1).amax(1)).view(-1, 1, 1)  # never exactly 0
-    slack = slack + (-1.5 * slack.flatten(1).amin(1)).clamp(min=0).view(-1, 1, 1) + floor
-    dual = dual + (-1.5 * dual.flatten(1).amin(1)).clamp(min=0).view(-1, 1, 1) + floor
-    product = (slack * dual).flatten(1).sum(1)
-    slack = slack + (0.5 * product / dual.flatten(1).sum(1)).view(-1, 1, 1)
-    dual = dual + (0.5 * product / slack.flatten(1).sum(1)).view(-1, 1, 1)
-    return _Iterate(alpha, slack, dual, mu), newton.failed
+    pair = torch.stack((bound - alpha, alpha - bound), 1)
+    floor = 1e-3 * (1 + bound.flatten(1).amax(1))  # never exactly 0
+    shift = (-1.5 * pair.flatten(2).amin(2)).clamp(min=0) + floor[:, None]
+    pair = pair + shift[..., None, None]
+    product = pair.prod(1).flatten(1).sum(1)
+    # Each of slack and dual moves by half the product over the other's sum.
+    pair = pair + (0.5 * product[:, None] / pair.flatten(2).sum(2).flip(1))[..., None, None]
+    return alpha, pair, mu, newton.infos
 
 
 def _interior_point(
@@ -139,64 +133,91 @@ def _interior_point(
     C: float,
     tol: float,
     max_iter: int,
+    check_every: int,
     factor_solution: bool,
 ) -> tuple[torch.Tensor, _Newton | None, int, torch.Tensor]:
-    """Solve the dual (targets class-major [B, way, n]); return alpha [B, way, n], the
-    Newton factorisation at the solution (only if `factor_solution`: the gradient needs it),
-    the steps taken and which episodes converged."""
+    """Solve the dual (targets class-major [B, way, n]), reading the convergence flag every
+    `check_every` steps; return alpha [B, way, n], the Newton factorisation at the solution
+    (only if `factor_solution`: the gradient needs it), the steps taken and which episodes
+    converged.
+
+    The iterate is alpha, the pair (slack S of alpha <= U, its multiplier Z) [B, 2, way, n],
+    both > 0, and the row-sum multipliers mu [B, n]. A step is about ninety operations on small
+    tensors: their fixed costs, not the arithmetic, set its time, so each one is counted."""
+    way, count = targets.shape[1], targets.shape[1] * targets.shape[2]
     bound = C * targets
-    x, failed = _start(kernel, targets, bound)
-    count = targets.shape[1] * targets.shape[2]
+    alpha, pair, mu, infos = _start(kernel, targets, bound)
+    infos = list(infos)
     steps = 0
     while True:
-        residuals = x.residuals(kernel, targets, bound)
-        grad, stationarity, rows, bounds = residuals
-        products = (x.slack * x.dual).flatten(1)
-        gap = products.sum(1) / count
-        dual_scale = 1 + _scale(grad + targets)  # 1 + |K A|: the terms of the gradient
-        # A bound that is barely active or barely inactive leaves an error in alpha of the
-        # order of sqrt(s z): the products are held to tol squared.
-        converged = (
-            (_scale(stationarity) <= tol * dual_scale)
-            & (torch.maximum(_scale(bounds), _scale(rows)) <= tol * (1 + C))
-            & (products.amax(1) <= tol**2 * dual_scale * (1 + C))
+        slack, dual = pair.unbind(1)
+        fitted = alpha @ kernel  # K A (K is symmetric: (K A)' = A' K)
+        stationarity = fitted - targets + dual + mu.unsqueeze(1)
+        rows, bounds = alpha.sum(1), alpha + slack - bound
+        products = slack * dual
+        # Relative to 1 + |K A|, the terms of the gradient K A - Y. A bound that is barely
+        # active or barely inactive leaves an error in alpha of the order of sqrt(s z): the
+        # products are held to tol squared.
+        dual_error = torch.maximum(
+            stationarity.abs().amax((1, 2)), products.amax((1, 2)) / (tol * (1 + C))
         )
-        if steps == max_iter or bool(converged.all()):
+        primal_error = torch.cat((bounds, rows.unsqueeze(1)), 1).abs().amax((1, 2))
+        converged = (dual_error <= tol * (1 + fitted.abs().amax((1, 2)))) & (
+            primal_error <= tol * (1 + C)
+        )
+        if steps == max_iter or (steps % check_every == 0 and bool(converged.all())):
             break
-        newton = _Newton(kernel, x.dual / x.slack)
-        failed = failed | newton.failed
-        # Predictor (affine scaling), then the corrector with Mehrotra's centering.
-        _, _, dS, dZ = x.direction(newton, residuals, x.slack * x.dual)
-        t = x.max_step(dS, dZ).view(-1, 1, 1)
-        affine_gap = ((x.slack + t * dS) * (x.dual + t * dZ)).flatten(1).sum(1) / count
+        weights = dual / slack
+        newton = _Newton(kernel, weights, way)
+        infos += newton.infos
+        # Newton: (K + W) dA + dmu = G, dS = -bounds - dA, dZ = -(c + Z dS) / S for the
+        # complementarity residual c. The predictor's c = S Z makes G and dZ two sums.
+        base = torch.addcmul(dual, weights, bounds, value=-1) - stationarity
+        dA, _ = newton.solve(base, rows)
+        inward = -bounds
+        dS = inward - dA
+        affine = torch.stack((dS, -torch.addcmul(dual, weights, dS)), 1)
+        reach = -1.0 / pair
+        t = _max_step(reach, affine).view(-1, 1, 1, 1)
+        # Mehrotra's centering: sigma = (affine gap / gap)^3, c = S Z + dS dZ - sigma gap.
+        gap = products.sum((1, 2))
+        affine_gap = torch.addcmul(pair, t, affine).prod(1).sum((1, 2))
         sigma = (affine_gap / gap.clamp_min(torch.finfo(gap.dtype).tiny)) ** SIGMA_POWER
-        centre = (sigma * gap).view(-1, 1, 1)
-        dA, dmu, dS, dZ = x.direction(newton, residuals, x.slack * x.dual + dS * dZ - centre)
+        extra = (affine.prod(1) - (sigma * gap / count).view(-1, 1, 1)) / slack
+        dA, dmu = newton.solve(base + extra, rows)
+        dS = inward - dA
+        step = torch.stack((dS, -torch.addcmul(dual + extra, weights, dS)), 1)
         # A solved episode stays put.
-        t = torch.where(converged, 0.0, STEP_FRACTION * x.max_step(dS, dZ))
-        t3 = t.view(-1, 1, 1)
-        x = _Iterate(
-            x.alpha + t3 * dA, x.slack + t3 * dS, x.dual + t3 * dZ, x.mu + t[:, None] * dmu
-        )
+        t = (STEP_FRACTION * _max_step(reach, step)).masked_fill(converged, 0.0)
+        alpha = torch.addcmul(alpha, t.view(-1, 1, 1), dA)
+        pair = torch.addcmul(pair, t.view(-1, 1, 1, 1), step)
+        mu = torch.addcmul(mu, t.view(-1, 1), dmu)
         steps += 1
-    newton = _Newton(kernel, x.dual / x.slack) if factor_solution else None
-    if newton is not None:
-        failed = failed | newton.failed
-    if bool(failed):
+    newton = None
+    if factor_solution:
+        newton = _Newton(kernel, dual / slack, way)
+        infos += newton.infos
+    if _failed(infos):
         raise FewshotError(
             "the SVM's Newton system is singular (duplicated support features with "
             "dual_ridge 0?); use dual_ridge > 0"
         )
-    return x.alpha, newton, steps, converged
+    return alpha, newton, steps, converged
 
 
 class _CrammerSingerQP(torch.autograd.Function):
     """alpha(K) with the implicit gradient of the KKT conditions at the solution."""
 
     @staticmethod
-    def forward(ctx, kernel, targets, C, tol, max_iter, info):
+    def forward(ctx, kernel, targets, C, tol, max_iter, check_every, info):
         alpha, newton, iterations, converged = _interior_point(
-            kernel.detach(), targets.transpose(1, 2), C, tol, max_iter, ctx.needs_input_grad[0]
+            kernel.detach(),
+            targets.transpose(1, 2).contiguous(),
+            C,
+            tol,
+            max_iter,
+            check_every,
+            ctx.needs_input_grad[0],
         )
         info.update(iterations=iterations, converged=converged)
         ctx.newton = newton
@@ -210,10 +231,12 @@ class _CrammerSingerQP(torch.autograd.Function):
         v, _ = ctx.newton.solve(grad_alpha.transpose(1, 2))
         grad_kernel = -(v.transpose(1, 2) @ alpha)
         grad_kernel = (grad_kernel + grad_kernel.transpose(1, 2)) / 2
-        return grad_kernel, None, None, None, None, None
+        return grad_kernel, None, None, None, None, None, None
 
 
-def check_problem(way: int, C: float, max_iter: int, tol: float | None) -> None:
+def check_problem(
+    way: int, C: float, max_iter: int, tol: float | None, check_every: int | None = None
+) -> None:
     """One-line errors for a problem no solver can take."""
     if way < 2:
         raise FewshotError(f"the SVM head needs way >= 2 classes, got way={way}")
@@ -223,6 +246,8 @@ def check_problem(way: int, C: float, max_iter: int, tol: float | None) -> None:
         raise FewshotError(f"the SVM head needs max_iter >= 1, got {max_iter}")
     if tol is not None and not tol > 0:
         raise FewshotError(f"the SVM head needs tol > 0, got {tol}")
+    if check_every is not None and check_every < 1:
+        raise FewshotError(f"the SVM solver needs check_every >= 1, got {check_every}")
 
 
 def solve_crammer_singer(
@@ -231,14 +256,21 @@ def solve_crammer_singer(
     C: float = 0.1,
     tol: float | None = None,
     max_iter: int = 50,
+    check_every: int | None = None,
 ) -> QPSolution:
     """The Crammer-Singer dual of every episode: kernel [B, n, n], one-hot targets [B, n, way];
     differentiable with respect to the kernel. `tol`: relative residual of the optimality
-    conditions (default: `default_tol` of the kernel's dtype)."""
-    check_problem(targets.shape[-1], C, max_iter, tol)
+    conditions (default: `default_tol` of the kernel's dtype); `check_every`: steps between
+    reads of the convergence flag (default: 1 on the CPU, GPU_CHECK_EVERY elsewhere; the
+    solution is the same, the steps run may not be)."""
+    check_problem(targets.shape[-1], C, max_iter, tol, check_every)
     tol = default_tol(kernel.dtype) if tol is None else tol
+    if check_every is None:
+        check_every = 1 if kernel.device.type == "cpu" else GPU_CHECK_EVERY
     if not bool(torch.isfinite(kernel).all()):
         raise FewshotError("the SVM kernel has non-finite entries (the embeddings diverged?)")
     info: dict = {}
-    alpha = _CrammerSingerQP.apply(kernel, targets.to(kernel.dtype), C, tol, max_iter, info)
+    alpha = _CrammerSingerQP.apply(
+        kernel, targets.to(kernel.dtype), C, tol, max_iter, check_every, info
+    )
     return QPSolution(alpha, info["iterations"], info["converged"])
