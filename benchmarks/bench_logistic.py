@@ -42,6 +42,7 @@ from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluation.episodes import seeded_episodes
 from fewshot.evaluation.stats import ci95, paired_ci
 from fewshot.heads import logistic
+from fewshot.methods.embedding import EmbeddingMethod
 from fewshot.methods.resplit import resplit_episodes
 from fewshot.runtime.device import DEVICES, resolve_device
 from fewshot.training.checkpoint import load_trained
@@ -59,9 +60,12 @@ SKLEARN = {
 Episode = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 
 
-def embedded_episodes(args, device: torch.device) -> tuple[list[Episode], int, float]:
-    """The seeded episodes as (query, support, support labels, query labels) batches on the
-    device, from features embedded once; the images embedded and the seconds it took."""
+def embedded_features(
+    args, device: torch.device
+) -> tuple[EmbeddingMethod, torch.Tensor, list[torch.Tensor], int, float]:
+    """The model, the features [N, d] on the device of the split's images that the seeded
+    episodes use (embedded once; zeros elsewhere), the episodes' index batches [b, way, pool],
+    the images embedded and the seconds it took."""
     split = load_split("omniglot", "test", args.data_root)
     method, _ = load_trained(args.checkpoint, device)
     shape = EpisodeShape(args.way, args.shot, args.query, args.batch)
@@ -76,8 +80,15 @@ def embedded_episodes(args, device: torch.device) -> tuple[list[Episode], int, f
     seconds = time.perf_counter() - start
     features = torch.zeros(len(split.labels), chunks[0].shape[1], device=device)
     features[used.to(device)] = torch.cat(chunks)
+    return method, features, indices, len(used), seconds
+
+
+def embedded_episodes(args, device: torch.device) -> tuple[list[Episode], int, float]:
+    """The seeded episodes as (query, support, support labels, query labels) batches on the
+    device, from features embedded once; the images embedded and the seconds it took."""
+    _, features, indices, images, seconds = embedded_features(args, device)
     batches = [resplit_episodes(features[index.to(device)], None, args.shot) for index in indices]
-    return batches, len(used), seconds
+    return batches, images, seconds
 
 
 def batched_accuracies(batches: list[Episode], way: int, shot: int, C: float) -> torch.Tensor:

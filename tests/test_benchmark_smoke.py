@@ -15,6 +15,7 @@ from test_benchmarks import run
 
 from benchmarks import (
     bench_adaptation,
+    bench_classifiers,
     bench_hpo,
     bench_hpo_cleaning,
     bench_memmap,
@@ -42,7 +43,23 @@ def test_bench_adaptation_smoke(monkeypatch, capsys):
         assert row, out
         one, five, ratio = map(float, row.groups())
         assert one > 0 and five > 0
-        assert ratio == pytest.approx(five / one, rel=0.05, abs=0.01)  # of the rounded times
+        # The ratio (to 0.01) of the times before they were rounded to 0.001 s.
+        low, high = (five - 5e-4) / (one + 5e-4), (five + 5e-4) / max(one - 5e-4, 1e-9)
+        assert low - 0.005 <= ratio <= high + 0.005
+
+
+def test_bench_classifiers_smoke(monkeypatch, capsys):
+    out = run(monkeypatch, capsys, bench_classifiers, "--smoke", "--device", "cpu")
+    assert "16 seeded 5-way 1-shot 15-query (seed 0)" in out
+    for name in ("pt-map", "tim", "finetune", "logistic"):
+        # Both batchings give every episode the same accuracy: 0/16 differ.
+        row = rf"^{name} +({NUMBER}) +({NUMBER}) +({NUMBER}) ± {NUMBER}  0/16$"
+        figures = re.search(row, out, re.M)
+        assert figures, out
+        # Times of 16 episodes may round to 0.00 s; the accuracy is the model's.
+        assert float(figures[1]) >= 0 and float(figures[2]) >= 0 and 90 < float(figures[3]) <= 100
+    goal = r"^goal: 16 episodes in one call under 60 s each: (met|MISSED by .+)$"
+    assert re.search(goal, out, re.M), out
 
 
 def test_bench_hpo_smoke(monkeypatch, capsys, tmp_path):

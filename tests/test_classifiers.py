@@ -9,10 +9,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 from sklearn.linear_model import LogisticRegression
+from test_evaluate import small_split
 
 from fewshot.cli.main import main
 from fewshot.datasets import REPO_DATA
 from fewshot.datasets.batches import images_to_device
+from fewshot.datasets.sampler import EpisodeShape
+from fewshot.evaluation.episodes import episode_accuracies
 from fewshot.heads import (
     CLASSIFIERS,
     HEADS,
@@ -25,6 +28,7 @@ from fewshot.heads import (
     pt_map,
     tim,
 )
+from fewshot.methods.embedding import episode_seeds
 from fewshot.runtime.errors import FewshotError
 from fewshot.training.checkpoint import load_trained
 
@@ -310,3 +314,70 @@ def test_a_classifiers_bad_option_is_refused_before_any_data(
     assert main([*argv, "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_finetune_per_episode_seeds_equal_batches_of_one():
+    way, shot = 5, 2
+    query, support, labels = episodes(3, way, shot, 4, 12, seed=13, dtype=torch.float32)
+    seeds = torch.tensor([5, 0, 2**40])
+    for classifier in ("linear", "cosine"):
+        with torch.no_grad():
+            logits = finetune(query, support, labels, way, shot, classifier=classifier, seed=seeds)
+        expected = torch.cat(
+            [
+                reference_finetune(
+                    query[b : b + 1],
+                    support[b : b + 1],
+                    labels[b : b + 1],
+                    way,
+                    classifier,
+                    100,
+                    0.01,
+                    seed=int(s),
+                )
+                for b, s in enumerate(seeds)
+            ]
+        )
+        torch.testing.assert_close(logits, expected, rtol=0, atol=1e-5)
+    with pytest.raises(FewshotError, match=r"3 integer seeds \(one per episode\), got a "):
+        finetune(query, support, labels, way, shot, seed=torch.tensor([1.0, 2.0, 3.0]))
+    with pytest.raises(FewshotError, match=r"of shape \(2,\)"):
+        finetune(query, support, labels, way, shot, seed=torch.tensor([1, 2]))
+
+
+def test_episode_seeds_follow_the_episode_not_its_batch():
+    index = torch.randint(0, 1000, (6, 5, 3), generator=torch.Generator().manual_seed(14))
+    seeds = episode_seeds(index, 0)
+    assert seeds.dtype == torch.long and seeds.min() >= 0 and len(set(seeds.tolist())) == 6
+    assert torch.equal(episode_seeds(index[3:], 0), seeds[3:])
+    assert torch.equal(episode_seeds(index.flip(0), 0), seeds.flip(0))
+    assert not set(episode_seeds(index, 1).tolist()) & set(seeds.tolist())
+    # Another episode of the same images: another class order.
+    assert episode_seeds(index[:1, [1, 0, 2, 3, 4]], 0) != seeds[0]
+
+
+# Options that keep the iterative classifiers quick; fine-tuning's 2 steps leave its result
+# to its initial weights, which a per-batch draw would change with the batch.
+BATCHING_OPTIONS = {
+    "finetune": {"steps": 2},
+    "tim": {"steps": 40, "lr": 1e-2},
+    "pt-map": {"steps": 5},
+    "svm": {"max_iter": 3},
+}
+
+
+@pytest.mark.parametrize("name", sorted(CLASSIFIERS))
+def test_accuracies_do_not_depend_on_the_episodes_per_batch(omniglot_test, name):
+    model, _ = load_trained(CHECKPOINT, torch.device("cpu"))
+    model.use_classifier(name, BATCHING_OPTIONS.get(name, {}))
+    split = small_split(omniglot_test)
+    accuracies = [
+        episode_accuracies(model, split, EpisodeShape(5, 1, 5, batch), 16, 3, torch.device("cpu"))
+        for batch in (1, 3, 8)
+    ]
+    assert torch.equal(accuracies[0], accuracies[1]) and torch.equal(accuracies[0], accuracies[2])
+    if name == "finetune":  # the cache and the episodes' own embeddings: the same seeds
+        uncached = episode_accuracies(
+            model, split, EpisodeShape(5, 1, 5, 8), 16, 3, torch.device("cpu"), cache=False
+        )
+        assert torch.equal(uncached, accuracies[0])

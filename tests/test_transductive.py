@@ -165,6 +165,21 @@ def test_pt_map_matches_numpy(options):
     assert (logits.exp().sum(2) - 1).abs().max() < 1e-3
 
 
+def test_pt_map_episodes_stop_their_sinkhorn_each_at_its_own_iteration():
+    # Twelve episodes whose Sinkhorn loops stop after 6 to 37 iterations: in different blocks
+    # of SINKHORN_BLOCK iterations, each where the code's test stops it (a loose tolerance,
+    # so that an iteration more or less shows).
+    query, support, labels = episodes(12, seed=12)
+    options = {"steps": 3, "tol": 1e-4, "lam": 3.0}
+    logits = pt_map(query, support, labels, WAY, SHOT, **options)
+    settings = {"beta": 0.5, "alpha": 0.2, "epsilon": 1e-6, "center": True} | options
+    for b in range(12):
+        expected = reference_pt_map(
+            query[b].numpy(), support[b].numpy(), labels[b].numpy(), WAY, **settings
+        )
+        np.testing.assert_allclose(logits[b].numpy(), expected, rtol=0, atol=1e-9)
+
+
 METHODS = {"bd-cspn": (bd_cspn, {}), "tim": (tim, FAST_TIM), "pt-map": (pt_map, {})}
 
 

@@ -84,7 +84,7 @@ def finetune(
     lr: float = 0.01,
     weight_decay: float = 0.001,
     scale: float = 10.0,
-    seed: int = 0,
+    seed: int | torch.Tensor = 0,
     dampening: float = 0.9,
 ) -> torch.Tensor:
     """Return the query logits [B, nq, way] of a fresh classifier trained on the support
@@ -93,12 +93,15 @@ def finetune(
     Linear: logits x W + b. Cosine: scale * cos(x, w_c), no bias. W [B, d, way] (and b) start
     as nn.Linear's default, U(-1/sqrt(d), 1/sqrt(d)), drawn on the CPU in the features' dtype
     from torch.Generator().manual_seed(seed): torch.rand(B, d, way) then torch.rand(B, way),
-    each mapped by 2u - 1 times the bound. Training: cross-entropy (mean over the support) of
-    every episode at once, SGD with momentum 0.9, `dampening` and `weight_decay` on all the
-    parameters (the paper's code: lr 0.01, dampening 0.9, weight decay 0.001), but full-batch
-    for `steps` steps where the paper takes 100 epochs of shuffled batches of 4. Episodes do
-    not interact: the loss is a sum over episodes and SGD acts elementwise. Runs with autograd
-    on even under no_grad, on features detached from their graph; the logits are detached.
+    each mapped by 2u - 1 times the bound. `seed` may instead hold one seed per episode
+    (an integer tensor [B]): episode b then starts where a batch of one with seed[b] would,
+    whatever the batch it is in (evaluation passes each episode's seed). Training:
+    cross-entropy (mean over the support) of every episode at once, SGD with momentum 0.9,
+    `dampening` and `weight_decay` on all the parameters (the paper's code: lr 0.01,
+    dampening 0.9, weight decay 0.001), but full-batch for `steps` steps where the paper takes
+    100 epochs of shuffled batches of 4. Episodes do not interact: the loss is a sum over
+    episodes and SGD acts elementwise. Runs with autograd on even under no_grad, on features
+    detached from their graph; the logits are detached.
     """
     if classifier not in FINETUNE_CLASSIFIERS:
         raise FewshotError(
@@ -117,22 +120,25 @@ def finetune(
     episodes, samples, dim = support.shape
     features, query = support.detach(), query.detach()
     labels = support_labels.to(support.device).long().flatten()
-    generator = torch.Generator().manual_seed(seed)
-    bound = 1 / math.sqrt(dim)
-
-    def uniform(*shape: int) -> torch.Tensor:
-        draw = torch.rand(*shape, generator=generator, dtype=support.dtype)
-        return ((2 * draw - 1) * bound).to(support.device).requires_grad_()
-
-    weight = uniform(episodes, dim, way)
-    bias = uniform(episodes, way) if classifier == "linear" else None
+    linear = classifier == "linear"
+    if isinstance(seed, torch.Tensor):
+        if seed.shape != (episodes,) or seed.is_floating_point() or seed.dtype == torch.bool:
+            raise FewshotError(
+                f"finetune seed must be an integer or {episodes} integer seeds (one per "
+                f"episode), got a {seed.dtype} tensor of shape {tuple(seed.shape)}"
+            )
+        drawn = [_initial_classifier(s, 1, dim, way, support.dtype, linear) for s in seed.tolist()]
+        start = [torch.cat(parts) for parts in zip(*drawn, strict=True)]
+    else:
+        start = _initial_classifier(seed, episodes, dim, way, support.dtype, linear)
+    parameters = [part.to(support.device).requires_grad_() for part in start]
+    weight, bias = parameters[0], parameters[1] if linear else None
 
     def scores(x: torch.Tensor) -> torch.Tensor:
         if bias is None:
             return scale * F.normalize(x, dim=2) @ F.normalize(weight, dim=1)
         return torch.baddbmm(bias.unsqueeze(1), x, weight)
 
-    parameters = [weight] if bias is None else [weight, bias]
     optimizer = torch.optim.SGD(
         parameters, lr=lr, momentum=0.9, dampening=dampening, weight_decay=weight_decay
     )
@@ -146,6 +152,19 @@ def finetune(
             optimizer.step()
     with torch.no_grad():
         return scores(query)
+
+
+def _initial_classifier(
+    seed: int, episodes: int, dim: int, way: int, dtype: torch.dtype, bias: bool
+) -> list[torch.Tensor]:
+    """nn.Linear's default start of `episodes` classifiers, drawn on the CPU from
+    torch.Generator().manual_seed(seed): weights [episodes, dim, way], then biases
+    [episodes, way] if `bias`, U(-1/sqrt(dim), 1/sqrt(dim))."""
+    generator = torch.Generator().manual_seed(seed)
+    bound = 1 / math.sqrt(dim)
+    shapes = [(episodes, dim, way), (episodes, way)][: 2 if bias else 1]
+    draws = [torch.rand(*shape, generator=generator, dtype=dtype) for shape in shapes]
+    return [(2 * draw - 1) * bound for draw in draws]
 
 
 __all__ = ["FINETUNE_CLASSIFIERS", "centroid", "cosine", "finetune", "logistic"]

@@ -29,6 +29,8 @@ batch in one tensor, no loop over episodes:
   probabilities are unique; the bias is not (compare probabilities, not parameters).
 - Stops when the gradient norm (in these coordinates) of every episode is below `tol`
   (episodes that are done take no further steps) or after `max_iter` Newton iterations.
+  On a GPU the host synchronises a few times per Newton step (this test, the line search's
+  choice of the episodes that refuse the full step) and once per CG_BLOCK CG iterations.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from fewshot.heads.episode_inputs import check_query, support_one_hot
 from fewshot.runtime.errors import FewshotError
 
 MAX_CG_ITERS = 200  # per Newton step; CG steps are descent directions even when truncated
+CG_BLOCK = 8  # CG iterations between the host's looks at which episodes go on
 ARMIJO = 1e-4
 STEP_SIZES = 2.0 ** -torch.arange(20, dtype=torch.float64)  # tried at once: 1, 1/2, ..., 2^-19
 # The line search's slack for float64 rounding of the objective: near the optimum the decrease
@@ -146,7 +149,7 @@ def fit_logistic(
         probs = torch.softmax(logits, dim=2)
         grad = augmented.transpose(1, 2) @ (probs - targets) + penalized * theta / C
         active = grad.flatten(1).norm(dim=1) > tol
-        # Host syncs: this check, one per CG iteration and the line search's; a few per step.
+        # Host syncs: this check, one per CG_BLOCK CG iterations and the line search's.
         if iteration == max_iter or not bool(active.any()):
             break
         step = _newton_step(augmented, probs, grad, C, active)
@@ -238,9 +241,11 @@ def _newton_step(
     direction = preconditioned
     residual_sq = residual.pow(2).sum((1, 2))
     inner = (residual * preconditioned).sum((1, 2))
-    for _ in range(min(MAX_CG_ITERS, k * way)):
+    for iteration in range(min(MAX_CG_ITERS, k * way)):
         live = active & (residual_sq > target)
-        if not bool(live.any()):
+        # The host looks once per CG_BLOCK iterations: in between, an episode done takes steps
+        # of size 0 (and stays done: its residual no longer changes).
+        if iteration % CG_BLOCK == 0 and not bool(live.any()):
             break
         product = hessian_times(direction)
         curvature = (direction * product).sum((1, 2))

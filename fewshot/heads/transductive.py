@@ -19,6 +19,8 @@ from fewshot.heads.episode_inputs import check_query, support_one_hot
 from fewshot.runtime.errors import FewshotError
 
 SINKHORN_MAX_ITERS = 1000  # PT-MAP's code: compute_optimal_transport's maxiters
+# Sinkhorn iterations between the host's looks at which episodes go on.
+SINKHORN_BLOCK = 16
 
 
 def bd_cspn(
@@ -102,8 +104,9 @@ def tim(
       Defaults of the official code: loss_weights [0.1, 1.0, 0.1] for [CE, H(Y_q), H(Y_q|X_q)],
       temperature 15, Adam with lr 1e-4; 1000 iterations as its TIM-GD evaluation scripts set.
     - All episodes' W in one tensor, their losses summed: Adam acts elementwise, so each
-      episode follows its own Adam trajectory. Trains under torch.enable_grad() even when
-      called in no_grad, on features detached from their graph.
+      episode follows its own Adam trajectory. The gradient is written out (`_tim_gradient`)
+      rather than taken by autograd: two batched products per step and no graph, on
+      features detached from theirs; no host synchronisation in the loop.
     """
     if steps < 0:
         raise FewshotError(f"tim steps must be non-negative, got {steps}")
@@ -116,29 +119,56 @@ def tim(
     with torch.no_grad():
         support = F.normalize(support.detach(), dim=2)
         query = F.normalize(query.detach(), dim=2)
-        weights = (one_hot.transpose(1, 2) @ support / shot).requires_grad_()
-    tiny = torch.finfo(query.dtype).tiny
-    optimizer = torch.optim.Adam([weights], lr=lr)
-    with torch.enable_grad():
+        features = torch.cat([support, query], dim=1)  # [B, ns + nq, d]
+        across = features.transpose(1, 2).contiguous()
+        targets = one_hot.transpose(1, 2)  # class-major [B, way, ns], as the logits
+        weights = targets @ support / shot
+        optimizer = torch.optim.Adam([weights], lr=lr)
         for _ in range(steps):
-            support_log_probs = torch.log_softmax(
-                temperature / 2 * _neg_sq_distances(support, weights), dim=2
+            weights.grad = _tim_gradient(
+                weights, features, across, targets, temperature, alpha, lambda_
             )
-            query_log_probs = torch.log_softmax(
-                temperature / 2 * _neg_sq_distances(query, weights), dim=2
-            )
-            query_probs = query_log_probs.exp()
-            cross_entropy = -(one_hot * support_log_probs).sum(2).mean(1)
-            conditional = -(query_probs * query_log_probs).sum(2).mean(1)
-            marginal = query_probs.mean(1)
-            # The clamp only matters where a class's mean probability underflows (0 log 0 = 0).
-            marginal_entropy = -(marginal * marginal.clamp(min=tiny).log()).sum(1)
-            losses = lambda_ * cross_entropy - marginal_entropy + alpha * conditional
-            optimizer.zero_grad(set_to_none=True)
-            losses.sum().backward()
             optimizer.step()
-    with torch.no_grad():
         return temperature / 2 * _neg_sq_distances(query, weights)
+
+
+def _tim_gradient(
+    weights: torch.Tensor,
+    features: torch.Tensor,
+    across: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float,
+    alpha: float,
+    lambda_: float,
+) -> torch.Tensor:
+    """The gradient [B, way, d] of the summed TIM losses in the weights [B, way, d], by hand:
+    features [B, ns + nq, d] (support first), `across` their transpose, targets [B, way, ns].
+
+    The logits are class-major [B, way, n] (reductions over the classes then run along
+    contiguous rows) and leave out the sample's own -temperature/2 |z|^2, which no softmax
+    over the classes sees. With p the query probabilities and m their mean, the losses'
+    derivatives in the logits are lambda_ (p_s - y) / ns on the support and
+    p (g - sum_k p_k g_k) / nq on the queries, g = log m - alpha log p; the logits' in w_k
+    is temperature (z - w_k)."""
+    samples = targets.shape[2]
+    queries = features.shape[1] - samples
+    logits = temperature * torch.baddbmm(
+        weights.pow(2).sum(2, keepdim=True), weights, across, beta=-0.5
+    )
+    support_logits, query_logits = logits.split([samples, queries], dim=2)
+    log_probs = torch.log_softmax(query_logits, dim=1)
+    probs = log_probs.exp()
+    # The clamp only matters where a class's mean probability underflows (0 log 0 = 0).
+    tiny = torch.finfo(probs.dtype).tiny
+    g = probs.mean(2, keepdim=True).clamp(min=tiny).log() - alpha * log_probs
+    grad = torch.cat(
+        [
+            lambda_ / samples * (torch.softmax(support_logits, dim=1) - targets),
+            probs * (g - (probs * g).sum(1, keepdim=True)) / queries,
+        ],
+        dim=2,
+    )
+    return temperature * (grad @ features - grad.sum(2, keepdim=True) * weights)
 
 
 def pt_map(
@@ -197,16 +227,18 @@ def pt_map(
                 [F.normalize(part - part.mean(1, keepdim=True), dim=2) for part in parts], dim=1
             )
         support, query_features = features[:, :samples], features[:, samples:]
-        centres = one_hot.transpose(1, 2) @ support / shot
+        # Class-major [B, way, ...] throughout: sums over the classes run along rows.
+        labelled = one_hot.transpose(1, 2) @ support
+        centres = labelled / shot
         column_mass = query.shape[1] / way
         for _ in range(steps):
-            plan = _sinkhorn(-_neg_sq_distances(query_features, centres), lam, column_mass, tol)
-            assignments = torch.cat([one_hot, plan], dim=1)
-            estimate = assignments.transpose(1, 2) @ features
-            estimate = estimate / assignments.sum(1).unsqueeze(2)
+            plan = _sinkhorn(-_neg_sq_distances(centres, query_features), lam, column_mass, tol)
+            # The support's one-hot assignments and the queries' plan, as weights of a mean.
+            estimate = (labelled + plan @ query_features) / (shot + plan.sum(2, keepdim=True))
             centres = centres + alpha * (estimate - centres)
-        plan = _sinkhorn(-_neg_sq_distances(query_features, centres), lam, column_mass, tol)
-        return plan.clamp(min=torch.finfo(plan.dtype).tiny).log().to(query.dtype)
+        plan = _sinkhorn(-_neg_sq_distances(centres, query_features), lam, column_mass, tol)
+        logs = plan.clamp(min=torch.finfo(plan.dtype).tiny).log()
+        return logs.transpose(1, 2).to(query.dtype)
 
 
 def _episode(
@@ -233,25 +265,52 @@ def _neg_sq_distances(x: torch.Tensor, centres: torch.Tensor) -> torch.Tensor:
 
 
 def _sinkhorn(cost: torch.Tensor, lam: float, column_mass: float, tol: float) -> torch.Tensor:
-    """The entropic transport plan [B, n, k] of cost [B, n, k], rows scaled to sum to 1 then
-    columns to column_mass, until the row sums change by at most tol in an iteration (PT-MAP's
-    code's test), per episode: a converged episode stays as it is while the others go on."""
-    # A row's constant factor cancels at the first row scaling (so does the code's division by
-    # the total): subtracting each row's smallest cost keeps exp() from underflowing whatever
-    # lam, and changes no iterate.
-    plan = torch.exp(-lam * (cost - cost.amin(2, keepdim=True)))
-    active = torch.ones(cost.shape[0], dtype=torch.bool, device=cost.device)
-    for iteration in range(SINKHORN_MAX_ITERS):
-        rows = plan.sum(2)
-        scaled = plan / rows.unsqueeze(2)
-        scaled = scaled * (column_mass / scaled.sum(1, keepdim=True))
-        plan = torch.where(active[:, None, None], scaled, plan)
-        # The first row sums have exp()'s arbitrary scale: no test (the code's never passes).
-        if iteration > 0:
-            active = active & ((rows - plan.sum(2)).abs().amax(1) > tol)
-            if not bool(active.any()):  # one host sync per iteration
-                break
-    return plan
+    """The entropic transport plan [B, k, n] of cost [B, k, n] (k classes, n queries): each
+    query's assignments scaled to sum to 1, then each class's to column_mass, until the
+    queries' sums change by at most tol in an iteration (PT-MAP's code's test), per episode: a
+    converged episode stays as it is while the others go on.
+
+    The plan is kept as its scalings, plan = classes[:, :, None] * kernel * queries[:, None, :]:
+    an iteration is two products of the kernel with a vector. The host looks at the episodes
+    once per SINKHORN_BLOCK iterations (on a GPU, the only synchronisation): it stops when
+    none goes on, and drops those done from the batch, whose later iterations cost nothing.
+    """
+    # A query's constant factor cancels at the first scaling (so does the code's division by
+    # the total): subtracting each query's smallest cost keeps exp() from underflowing
+    # whatever lam, and changes no iterate.
+    kernel = torch.exp(-lam * (cost - cost.amin(1, keepdim=True)))
+    episodes, classes_count, _ = kernel.shape
+    queries = torch.ones_like(kernel[:, 0])
+    classes = kernel.new_ones(episodes, classes_count)
+    spread = kernel.sum(1)  # the kernel's product with the class scalings [B, n]
+    sums = queries * spread  # each query's total assignment
+    # Each episode's scalings as the last block left them: its final ones once it is done.
+    final_queries, final_classes = queries.clone(), classes.clone()
+    going = torch.arange(episodes, device=kernel.device)  # the episodes still in the batch
+    active = torch.ones(episodes, dtype=torch.bool, device=kernel.device)
+    work = kernel
+    for start in range(0, SINKHORN_MAX_ITERS, SINKHORN_BLOCK):
+        for iteration in range(start, min(start + SINKHORN_BLOCK, SINKHORN_MAX_ITERS)):
+            # Episodes done iterate on, but keep the scalings they stopped at: `active` never
+            # comes back, so only the scalings need holding.
+            new_queries = 1 / spread
+            new_classes = column_mass / (work * new_queries.unsqueeze(1)).sum(2)
+            spread = (work * new_classes.unsqueeze(2)).sum(1)
+            queries = torch.where(active.unsqueeze(1), new_queries, queries)
+            classes = torch.where(active.unsqueeze(1), new_classes, classes)
+            new_sums = new_queries * spread
+            # The first sums have exp()'s arbitrary scale: no test (the code's never passes).
+            if iteration > 0:
+                active = active & ((sums - new_sums).abs().amax(1) > tol)
+            sums = new_sums
+        final_queries[going], final_classes[going] = queries, classes
+        left = active.nonzero()[:, 0]  # one host sync per block
+        if len(left) == 0:
+            break
+        if len(left) < len(going):
+            going, work, active = going[left], work[left], active[left]
+            queries, classes, spread, sums = queries[left], classes[left], spread[left], sums[left]
+    return final_classes.unsqueeze(2) * kernel * final_queries.unsqueeze(1)
 
 
 __all__ = ["SINKHORN_MAX_ITERS", "bd_cspn", "pt_map", "tim"]
