@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (once) and install fewshot into it. Usage: scripts/setup.sh [test]
-# With "test", also installs the test tools and the optional learn2learn (for the reuse test).
+# With "test", also installs the test tools (timm among them, for the timm backbones' tests) and
+# the optional learn2learn (for the reuse test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from pathlib import Path
 
 import pytest
 import torch
 from trainers import make_trainer
 
 from fewshot.datasets import load_split
-from fewshot.methods import UNUSED_SETTINGS
+from fewshot.methods import UNUSED_SETTINGS, build_method
 from fewshot.runtime.errors import FewshotError
 from fewshot.training.settings import PretrainSettings, TrainSettings, make_config
 
@@ -60,6 +61,8 @@ def other_value(field: str, run: dict, settings: TrainSettings) -> dict:
         "lr_schedule": [[0, 0.5]], "label_smoothing": 0.2, "augment": True,
         "channels_last": not settings.channels_last, "amp": "bf16", "seed": 1,
         "resize": 32, "channels": 3,  # refused: they apply to --dataset folder
+        "backbone_lr": settings.lr / 4, "freeze_backbone": True,
+        "normalization": "backbone",  # refused: Conv-4 has no normalisation of its own
     }  # fmt: skip
     if field == "backbone":  # ResNet-12 takes four widths
         return {"backbone": "resnet12", "backbone_options": {"channels": [4, 4, 4, 4]}}
@@ -119,6 +122,16 @@ def pretrained(root: str, folder: str) -> str:
     return f"{folder}/last.pt"
 
 
+def backbone_file(settings: TrainSettings, folder: Path) -> str:
+    """A state dict of the run's backbone (the MAML family's keeps no BatchNorm statistics)
+    with other weights than the run's own, for --backbone-weights."""
+    torch.manual_seed(5)
+    path = folder / "backbone.pt"
+    method = build_method({**settings.to_dict(), "in_channels": 1, "image_size": 28})
+    torch.save(method.backbone.state_dict(), path)
+    return str(path)
+
+
 @functools.cache
 def baseline(name: str, root: str, folder: str) -> tuple:
     """The settings and observation of a run's tiny baseline (trained once per run)."""
@@ -136,6 +149,8 @@ def test_every_option_changes_the_run_or_is_refused_naming_it(
     settings, observed = baseline(name, root, str(tmp_path_factory.getbasetemp() / f"base_{name}"))
     if field == "init":  # a pretrained backbone to start from
         change = {"init": pretrained(root, str(tmp_path_factory.getbasetemp() / "pretrained"))}
+    elif field == "backbone_weights":
+        change = {field: backbone_file(settings, tmp_path_factory.mktemp("weights"))}
     else:
         change = other_value(field, RUNS[name], settings)
     out = tmp_path_factory.mktemp("changed")

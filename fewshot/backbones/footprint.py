@@ -10,15 +10,18 @@ from torch import nn
 def activation_elements(backbone: nn.Module) -> tuple[int, int]:
     """Per image of the backbone's geometry: the elements of all its layers' outputs (about
     what a training forward keeps for the backward) and of the largest one (the peak of an
-    inference forward). Measured by one eval-mode forward of one blank image, which changes
-    no state (no statistics, no DropBlock ramp)."""
+    inference forward). Measured by one eval-mode forward of two blank images (BatchNorm on
+    batch statistics, as the MAML family's, needs more than one value per channel), which
+    changes no state (no statistics, no DropBlock ramp)."""
     sizes: list[int] = []
     leaves = [m for m in backbone.modules() if not any(m.children())]
-    hooks = [m.register_forward_hook(lambda _m, _i, out: sizes.append(out.numel())) for m in leaves]
+    hooks = [
+        m.register_forward_hook(lambda _m, _i, out: sizes.append(out.numel() // 2)) for m in leaves
+    ]
     was_training = backbone.training
     parameter = next(backbone.parameters())
     side = backbone.image_size
-    blank = torch.zeros(1, backbone.in_channels, side, side, dtype=parameter.dtype)
+    blank = torch.zeros(2, backbone.in_channels, side, side, dtype=parameter.dtype)
     try:
         backbone.eval()
         backbone(blank.to(parameter.device))

@@ -104,6 +104,8 @@ class Method(nn.Module):
 
     amp: str = "auto"  # the backbone's autocast (fewshot.runtime.precision), resolved per call
     caches: bool = False  # whether `solver(cache=True)` reuses work across test episodes
+    # The checkpoint a trained model was loaded from (load_trained), named in its refusals.
+    source: str | None = None
 
     def forward(
         self, images: torch.Tensor, resplits: torch.Tensor | None, shot: int
@@ -130,6 +132,12 @@ class Method(nn.Module):
         """What the evaluation cache keeps for a split of `images` images (0: no cache)."""
         return 0
 
+    def head_parameters(self) -> list[nn.Parameter]:
+        """The trainable parameters outside the backbone (a head's scale, a classifier, ...),
+        trained on their own when the backbone has its own learning rate or is frozen."""
+        inside = {id(p) for p in self.backbone.parameters()}
+        return [p for p in self.parameters() if id(p) not in inside and p.requires_grad]
+
     def divergence_advice(self) -> str:
         """What diverged in the last training step that gave a non-finite loss, and the
         setting to lower."""
@@ -137,6 +145,9 @@ class Method(nn.Module):
 
     def check_way(self, way: int) -> None:
         """Refuse episodes of a way the method cannot solve (any way, unless overridden)."""
+
+    def check_shot(self, shot: int) -> None:
+        """Refuse episodes of a shot the method cannot read (any shot, unless overridden)."""
 
     def accuracy(self, images: torch.Tensor, shot: int) -> torch.Tensor:
         """Query accuracy of each test episode [B] (images [B, way, pool, C, H, W])."""
@@ -153,17 +164,27 @@ class Method(nn.Module):
         support_labels: torch.Tensor,
         query: torch.Tensor,
         batch: int = 256,
+        episode: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Scores [n, way] (`score_name`) of each query image [n, C, H, W] for the classes of
         the labelled support images [N, C, H, W] (labels 0 .. way - 1, as many images each),
         all normalised as the model's training images; `batch` queries per forward pass
-        (the scores do not depend on it)."""
+        (the scores do not depend on it). `episode`: the split indices [way, pool] of a
+        seeded test episode these images are, so that a classifier drawing random numbers
+        draws them as the evaluation of that episode does."""
         grouped = support_by_class(support, support_labels, query, self.backbone)
         self.check_way(len(grouped))
+        self.check_shot(grouped.shape[1])
         with torch.no_grad():
-            return self.scores(grouped, query, batch)
+            return self.scores(grouped, query, batch, episode)
 
-    def scores(self, support: torch.Tensor, query: torch.Tensor, batch: int) -> torch.Tensor:
+    def scores(
+        self,
+        support: torch.Tensor,
+        query: torch.Tensor,
+        batch: int,
+        episode: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """`predict`'s scores from the support as [way, shot, C, H, W]."""
         raise NotImplementedError
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from fewshot.backbones import build_backbone, library_name
 from fewshot.datasets import NORMALIZATION
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeSampler, ImageBatchSampler
@@ -23,7 +24,12 @@ from fewshot.methods import Method, build_method
 from fewshot.methods.pretraining import build_pretrain_method
 from fewshot.runtime.errors import FewshotError, summary
 from fewshot.runtime.io import load_checkpoint
-from fewshot.training.settings import TrainSettings, checkpoint_settings, checkpoint_stage
+from fewshot.training.settings import (
+    RunSettings,
+    TrainSettings,
+    checkpoint_settings,
+    checkpoint_stage,
+)
 from fewshot.training.state import Progress, RandomStreams
 
 GEOMETRY_KEYS = ("in_channels", "image_size")
@@ -94,6 +100,13 @@ def restore_training(
     return progress
 
 
+def without_fetch(settings: dict) -> dict:
+    """Settings whose library backbone fetches no pretrained weights: a checkpoint holds every
+    weight of the model it builds."""
+    options = {k: v for k, v in settings["backbone_options"].items() if k != "pretrained"}
+    return {**settings, "backbone_options": options}
+
+
 def trained_method(ckpt: dict, settings: dict, path: str | Path) -> Method:
     """The method of a checkpoint with its weights (in eval mode, on the CPU)."""
     config = ckpt["config"]
@@ -103,7 +116,7 @@ def trained_method(ckpt: dict, settings: dict, path: str | Path) -> Method:
         raise FewshotError(f"{path} is not a fewshot training checkpoint (no image size or model)")
     pretrained = config.get("stage") == "pretrain"
     build = build_pretrain_method if pretrained else build_method
-    method = build({**settings, **geometry})
+    method = build({**without_fetch(settings), **geometry})
     bad = non_finite(ckpt["model"])
     if bad:
         raise FewshotError(f"{path} holds non-finite weights ({', '.join(bad[:3])}); not using it")
@@ -140,17 +153,8 @@ def pretrained_backbone(
     bad = non_finite(state)
     if not state or bad:
         raise FewshotError(f"--init {path}: no finite backbone weights ({', '.join(bad[:3])})")
-    with torch.device("meta"):  # the run's backbone, shapes only
-        built = {**settings.to_dict(), "in_channels": geometry[0], "image_size": geometry[1]}
-        want = {k: v.shape for k, v in build_method(built).backbone.state_dict().items()}
-    misfit = next(
-        (
-            k
-            for k in {**want, **state}
-            if k not in want or k not in state or want[k] != state[k].shape
-        ),
-        None,
-    )
+    want = backbone_shapes(settings, geometry)
+    misfit = first_misfit(state, want)
     if misfit is not None:
         raise FewshotError(
             f"--init {path}: its backbone does not fit this run's ({misfit}: "
@@ -158,6 +162,62 @@ def pretrained_backbone(
             f"pretrained with --backbone-options {json.dumps(saved['backbone_options'])}, this "
             f"run has {json.dumps(settings.backbone_options)}"
         )
+    return state
+
+
+def backbone_shapes(settings: RunSettings, geometry: tuple[int, int]) -> dict[str, torch.Size]:
+    """The shapes of the run's backbone weights (built on the meta device: no memory)."""
+    built = {**settings.to_dict(), "in_channels": geometry[0], "image_size": geometry[1]}
+    with torch.device("meta"):
+        if settings.stage == "pretrain":  # any number of classes: the backbone is the same
+            method = build_pretrain_method({**built, "classes": 2})
+        else:
+            method = build_method(built)
+    return {k: v.shape for k, v in method.backbone.state_dict().items()}
+
+
+def first_misfit(state: dict[str, torch.Tensor], want: dict[str, torch.Size]) -> str | None:
+    """The first key (the wanted ones first) that one of the state dict and the wanted shapes
+    lacks or that has another shape there; None when they fit."""
+    return next(
+        (
+            k
+            for k in {**want, **state}
+            if k not in want or k not in state or want[k] != state[k].shape
+        ),
+        None,
+    )
+
+
+def backbone_weights(settings: RunSettings, geometry: tuple[int, int]) -> dict[str, torch.Tensor]:
+    """The state dict of --backbone-weights keyed as the run's backbone, refused in one line
+    naming the file when it cannot be read safely, holds anything but named tensors, does not
+    fit the backbone (the first mismatching key) or holds non-finite weights."""
+    path = settings.backbone_weights
+    try:
+        state = load_checkpoint(path)
+    except FewshotError as e:
+        raise FewshotError(f"--backbone-weights: {e}") from None
+    wrong = next((k for k, v in state.items() if not isinstance(v, torch.Tensor)), None)
+    if wrong is not None:
+        raise FewshotError(
+            f"--backbone-weights {path} is not a state dict: its entry {wrong!r} is not a tensor"
+        )
+    want = backbone_shapes(settings, geometry)
+    if library_name(settings.backbone):  # the library model's keys, classifier left out
+        with torch.device("meta"):
+            built = build_backbone(settings.backbone, *geometry, **settings.backbone_options)
+        state = built.weight_keys(state)
+    misfit = first_misfit(state, want)
+    if misfit is not None:
+        raise FewshotError(
+            f"--backbone-weights {path} does not fit --backbone {settings.backbone}: first "
+            f"mismatching key {misfit.removeprefix('model.')!r} ({shape_text(state.get(misfit))}"
+            f" in the file, {shape_text(want.get(misfit))} here)"
+        )
+    bad = non_finite(state)
+    if bad:
+        raise FewshotError(f"--backbone-weights {path} holds non-finite weights ({bad[0]})")
     return state
 
 
@@ -193,6 +253,7 @@ def load_trained(path: str | Path, device: torch.device) -> tuple[Method, dict]:
     ckpt = load_checkpoint(path)
     settings = checkpoint_settings(ckpt, path)
     method = trained_method(ckpt, settings, path).to(device)
+    method.source = str(path)
     geometry = {key: ckpt["config"][key] for key in GEOMETRY_KEYS}
     scale = normalization(ckpt["config"], settings["dataset"], path)
     return method, {**settings, **geometry, **scale, "stage": checkpoint_stage(ckpt, path)}

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
 import torch
 
-from fewshot.backbones import BACKBONES
-from fewshot.backbones import TRAINING_DEFAULTS as BACKBONE_DEFAULTS
+from fewshot.backbones import BACKBONES, build_backbone, library_name, training_defaults
+from fewshot.backbones.library import check_library_name, model_input
 from fewshot.datasets import (
     FOLDER,
     channels_setting,
@@ -21,6 +21,7 @@ from fewshot.datasets import (
     resize_setting,
 )
 from fewshot.datasets.augment import PAPER_PADDING
+from fewshot.datasets.base import ImageSplit
 from fewshot.heads import HEADS, check_head
 from fewshot.methods import (
     METHODS,
@@ -29,6 +30,7 @@ from fewshot.methods import (
     build_method,
     method_names,
 )
+from fewshot.methods.adaptation import VARIANTS
 from fewshot.methods.pretraining import PRETRAIN_CLASSIFIERS, build_pretrain_method
 from fewshot.methods.resplit import distinct_resplits
 from fewshot.runtime.device import device_setting
@@ -63,10 +65,35 @@ class RunSettings:
     channels: int | None = channels_setting()
     train_split: str = setting("train", help="split to train on (e.g. train, trainval)")
     val_split: str = setting("val", help="split to validate on")
-    backbone: str = setting("conv4", help="embedding network", choices=tuple(BACKBONES))
+    backbone: str = setting(
+        "conv4",
+        help=f"embedding network: {', '.join(BACKBONES)}, or a library's model by name, "
+        "timm:NAME (pip install 'fewshot[timm]') or torchvision:NAME, its classifier removed "
+        "(a folder data set is resized to its input size unless --resize is given)",
+    )
     backbone_options: dict = setting(
-        help="backbone keyword options as JSON, e.g. '{\"drop_block_size\": 2}'",
+        help="backbone keyword options as JSON, e.g. '{\"drop_block_size\": 2}'; for timm: and "
+        "torchvision: those of the library's constructor, and '{\"pretrained\": true}' for "
+        "the library's weights (network access; timm's tag in the name picks which)",
         default_factory=dict,
+    )
+    backbone_weights: str | None = setting(
+        None,
+        help="start the backbone from this state dict file (of the library's model for "
+        "timm:/torchvision:, its classifier's entries ignored), loaded without running code",
+    )
+    backbone_lr: float | None = setting(
+        None, help="base learning rate of the backbone (default: --lr), on --lr-schedule", above=0
+    )
+    freeze_backbone: bool = setting(
+        False, help="train no backbone weight: no gradients to it, kept in eval mode"
+    )
+    normalization: str = setting(
+        "auto",
+        help="normalise images with the dataset's mean and std or with the timm:/torchvision: "
+        "backbone's own (auto: the backbone's where the library gives one for the images' "
+        "channels)",
+        choices=("auto", "dataset", "backbone"),
     )
     val_way: int | None = setting(None, help="validation way (default: --way)", low=1)
     val_shot: int | None = setting(None, help="validation shot (default: --shot)", low=1)
@@ -118,8 +145,10 @@ class RunSettings:
                 )
         if self.optimizer != "sgd":
             refuse_unused(self, ["momentum"], f"--optimizer {self.optimizer}")
-        check_options("backbone_options", self.backbone_options, BACKBONES[self.backbone])
+        if self.freeze_backbone:
+            refuse_unused(self, ["backbone_lr"], "--freeze-backbone")
         check_data_options(self)
+        self._check_backbone()
         side = self.geometry[1]
         if self.augment and side not in PAPER_PADDING:
             raise SettingError(
@@ -128,6 +157,69 @@ class RunSettings:
                 f"defined for {' and '.join(f'{s}x{s}' for s in PAPER_PADDING)} images, not "
                 f"{side}x{side}",
             )
+
+    def _check_backbone(self) -> None:
+        """Refuse an unknown backbone, a library one that is not installed, has no such model
+        or cannot take the images (built on the meta device: free), and a normalisation the
+        backbone does not give; a folder data set takes a library model's input size."""
+        library = library_name(self.backbone)
+        if not library:
+            if self.backbone not in BACKBONES:
+                raise SettingError(
+                    "backbone",
+                    f"must be one of {', '.join(BACKBONES)}, timm:NAME or torchvision:NAME, "
+                    f"got {self.backbone!r}",
+                )
+            check_options("backbone_options", self.backbone_options, BACKBONES[self.backbone])
+        else:
+            try:
+                check_library_name(self.backbone)
+            except ValueError as e:
+                raise SettingError("backbone", str(e)) from None
+            taken = sorted({"in_channels", "image_size"} & set(self.backbone_options))
+            if taken:
+                raise SettingError(
+                    "backbone_options",
+                    f"cannot set {', '.join(taken)}: the images' geometry does (--channels, "
+                    "--resize)",
+                )
+            if self.backbone_weights and self.backbone_options.get("pretrained"):
+                raise SettingError(
+                    "backbone_weights", "and pretrained both give the backbone's weights"
+                )
+            given = model_input(self.backbone, self.backbone_options)
+            if self.dataset == FOLDER and self.resize is None and given:
+                self.resize = given.side
+            try:
+                with torch.device("meta"):
+                    build_backbone(self.backbone, *self.geometry, **self.backbone_options)
+            except ValueError as e:
+                key = "backbone_options" if self.backbone_options else "backbone"
+                raise SettingError(key, str(e)) from None
+        if self.normalization == "backbone" and self.backbone_normalization is None:
+            raise SettingError(
+                "normalization",
+                f"backbone needs a timm: or torchvision: backbone whose library gives a mean "
+                f"and std for {self.geometry[0]}-channel images, not {self.backbone}",
+            )
+
+    @cached_property
+    def backbone_normalization(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:
+        """The library backbone's own (mean, std) where it has them for the images' channels,
+        else None (the dataset's apply)."""
+        if not library_name(self.backbone) or self.normalization == "dataset":
+            return None
+        given = model_input(self.backbone, self.backbone_options)
+        if given is None or len(given.mean) != self.geometry[0]:
+            return None
+        return given.mean, given.std
+
+    def normalized(self, data: ImageSplit) -> ImageSplit:
+        """`data` with the normalisation the run's images take (--normalization)."""
+        if self.backbone_normalization is None:
+            return data
+        mean, std = self.backbone_normalization
+        return replace(data, mean=mean, std=std)
 
     @cached_property
     def geometry(self) -> tuple[int, int]:
@@ -175,8 +267,9 @@ class TrainSettings(RunSettings):
     )
     head: str = setting(
         "protonet",
-        help="classification head (embedding method); ResNet-12's protonet divides "
-        "squared distances by the dimension unless head options say otherwise",
+        help="classification head (embedding method); the protonet of ResNet-12 and of the "
+        "timm: and torchvision: backbones divides squared distances by the dimension unless "
+        "head options say otherwise",
         choices=tuple(HEADS),
     )
     head_options: dict = setting(
@@ -216,7 +309,7 @@ class TrainSettings(RunSettings):
             return []  # a wrong type: refused by the field check
         layers = []
         if "head" not in UNUSED_SETTINGS.get(method, ()):
-            pair = BACKBONE_DEFAULTS.get(backbone, {}).get(head, {})
+            pair = training_defaults(backbone).get(head, {})
             layers.append((f"--backbone {backbone} with --head {head}", copy.deepcopy(pair)))
         layers.append((f"--method {method}", copy.deepcopy(TRAINING_DEFAULTS.get(method, {}))))
         return layers
@@ -245,8 +338,14 @@ class TrainSettings(RunSettings):
                 f"{self.query}-query episode (C({self.shot + self.query},{self.shot})^{self.way}),"
                 f" got {self.resplits}",
             )
+        if self.init and (self.backbone_weights or self.backbone_options.get("pretrained")):
+            raise SettingError(
+                "init", "and --backbone-weights or pretrained both give the backbone's weights"
+            )
         # What the method or the optimizer never reads must keep its neutral value.
         owner = f"--method {self.method}"
+        if self.method in VARIANTS:  # they differentiate through every weight they adapt
+            refuse_unused(self, ["freeze_backbone"], owner)
         unused, neutral = UNUSED_SETTINGS.get(self.method, ()), TRAINING_DEFAULTS.get(self.method)
         refuse_unused(self, unused, owner, neutral)
         check_options("method_options", self.method_options, METHODS[self.method], self.method)
@@ -255,9 +354,13 @@ class TrainSettings(RunSettings):
         # them for the dataset's images costs nothing.
         try:
             with torch.device("meta"):
-                build_method({**asdict(self), "in_channels": channels, "image_size": side})
+                method = build_method({**asdict(self), "in_channels": channels, "image_size": side})
         except ValueError as e:  # the backbone's
             raise SettingError("backbone_options", str(e)) from None
+        if self.freeze_backbone and not method.head_parameters():
+            raise SettingError(
+                "freeze_backbone", f"leaves nothing to train: {owner} has no weight besides it"
+            )
         for key in ("head_options", "eval_head_options"):
             check_options(key, getattr(self, key), HEADS[self.head])
         # The head refuses what it cannot solve (e.g. SVM C <= 0, or way 1), per phase.

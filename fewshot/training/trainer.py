@@ -36,23 +36,39 @@ from fewshot.runtime.precision import precision_name
 from fewshot.runtime.run_folder import RunFolder
 from fewshot.runtime.signals import Interrupted, StopRequests
 from fewshot.training.checkpoint import (
+    backbone_weights,
     non_finite,
     pretrained_backbone,
     restore_training,
     training_checkpoint,
+    without_fetch,
 )
 from fewshot.training.settings import PretrainSettings, RunSettings, TrainSettings
 from fewshot.training.stages import batches_for
 from fewshot.training.state import Progress, RandomStreams
 
 
+def base_lrs(settings: RunSettings) -> list[float]:
+    """The base learning rate of each parameter group: --lr, then --backbone-lr if given."""
+    return [settings.lr] if settings.backbone_lr is None else [settings.lr, settings.backbone_lr]
+
+
 def make_optimizer(settings: RunSettings, method: Method) -> torch.optim.Optimizer:
-    """SGD with Nesterov momentum (the paper's setting) or Adam."""
+    """SGD with Nesterov momentum (the paper's setting) or Adam, over one parameter group, or
+    the head's and the backbone's apart (--backbone-lr), or the head's alone (--freeze-backbone)."""
+    if settings.freeze_backbone:
+        groups = [{"params": method.head_parameters()}]
+    elif settings.backbone_lr is not None:
+        groups = [{"params": method.head_parameters()}, {"params": method.backbone.parameters()}]
+    else:
+        groups = [{"params": method.parameters()}]
+    for group, lr in zip(groups, base_lrs(settings), strict=True):
+        group["lr"] = lr
     if settings.optimizer == "adam":
         decay = settings.weight_decay
-        return torch.optim.Adam(method.parameters(), settings.lr, weight_decay=decay)
+        return torch.optim.Adam(groups, settings.lr, weight_decay=decay)
     return torch.optim.SGD(
-        method.parameters(),
+        groups,
         settings.lr,
         momentum=settings.momentum,
         nesterov=settings.momentum > 0,
@@ -61,7 +77,10 @@ def make_optimizer(settings: RunSettings, method: Method) -> torch.optim.Optimiz
 
 
 def init_backbone(settings: RunSettings) -> dict[str, torch.Tensor] | None:
-    """The pretrained backbone weights a run starts from (--init), checked; None without."""
+    """The backbone weights a run starts from (--init or --backbone-weights), checked; None
+    without."""
+    if settings.backbone_weights:
+        return backbone_weights(settings, settings.geometry)
     if not (isinstance(settings, TrainSettings) and settings.init):
         return None
     return pretrained_backbone(settings.init, settings, settings.geometry)
@@ -130,7 +149,8 @@ class Trainer:
         if init is None and not resume:
             init = init_backbone(settings)  # checked before any data is read
         # Validated as the model will be evaluated: normalised as its training images.
-        self.train_data, val = data or read_data(settings)
+        train, val = data or read_data(settings)
+        self.train_data = settings.normalized(train)  # a library backbone's own, if it applies
         self.val_data = replace(val, mean=self.train_data.mean, std=self.train_data.std)
         self.batches = batches_for(settings, self.train_data, settings.seed)  # checks the shape
         self.val_shape = EpisodeShape(settings.val_way, settings.val_shot, settings.val_query, 8)
@@ -150,11 +170,14 @@ class Trainer:
             **self.batches.config(self.train_data),
         }
         check_model_size(self.batches.build, self.config, device)
-        self.method = self.batches.build(self.config).to(device)
+        self.method = self.batches.build(without_fetch(self.config) if resume else self.config)
+        self.method.to(device)
         if hasattr(self.method, "batching"):  # the MAML family: the formulation that runs here
             self.config["batching"] = resolve_batching(self.method.batching, device.type)
         if init is not None:
             self.method.backbone.load_state_dict(init)
+        if settings.freeze_backbone:
+            self.method.backbone.requires_grad_(False)
         if settings.channels_last:
             self.method.to(memory_format=torch.channels_last)
         self._check_memory()
@@ -298,9 +321,11 @@ class Trainer:
     def _train_epoch(self) -> None:
         """Run the current epoch's remaining steps, stopping cleanly when asked to."""
         s, progress = self.settings, self.progress
-        for group in self.optimizer.param_groups:
-            group["lr"] = s.lr * s.lr_factor(progress.epoch)
+        for group, lr in zip(self.optimizer.param_groups, base_lrs(s), strict=True):
+            group["lr"] = lr * s.lr_factor(progress.epoch)
         self.method.train()
+        if s.freeze_backbone:  # its BatchNorm statistics and dropout stay as loaded
+            self.method.backbone.eval()
         bar = tqdm(
             total=self.steps_per_epoch,
             initial=progress.step,

@@ -1,0 +1,302 @@
+"""Backbones by name from timm and torchvision (`--backbone timm:NAME`, `torchvision:NAME`):
+features without the classifier, the model's own input size and normalisation, weights from a
+state dict file, a learning rate of their own or frozen, and one-line refusals before any data
+is read. Small models without weights on tiny images; nothing is downloaded."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+
+import pytest
+import timm
+import torch
+from test_folder import split_folders
+from trainers import make_trainer
+
+from fewshot.backbones import build_backbone
+from fewshot.cli.main import main
+from fewshot.datasets import load_split
+from fewshot.training.checkpoint import load_trained
+from fewshot.training.settings import TrainSettings
+
+IMAGENET = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+
+@pytest.fixture(autouse=True)
+def tiny_data(tiny_omniglot_root, monkeypatch):
+    """Every Omniglot run here reads it cut to 24 classes per split."""
+    monkeypatch.setenv("FEWSHOT_DATA", str(tiny_omniglot_root))
+
+
+def tiny_settings(tmp_path, **changes) -> TrainSettings:
+    """Two training episodes and two validation episodes of 3-way 1-shot Omniglot."""
+    values = dict(
+        dataset="omniglot", way=3, shot=1, query=2, val_query=2, epochs=1,
+        episodes_per_epoch=2, episodes_per_batch=1, val_episodes=2, backbone="timm:resnet10t",
+        device="cpu", amp="off", out=str(tmp_path / "run"),
+    )  # fmt: skip
+    return TrainSettings(**{**values, **changes})
+
+
+# ---------------------------------------------------------------- the modules
+
+
+def test_a_timm_backbone_returns_features_without_its_classifier():
+    backbone = build_backbone("timm:resnet10t", 1, 28)
+    assert backbone(torch.rand(2, 1, 28, 28)).shape == (2, backbone.out_dim) == (2, 512)
+    assert not any(key.startswith("model.fc.") for key in backbone.state_dict())
+    assert backbone.classifier == ("fc",)
+    # The input size and normalisation of timm's pretrained config for the model.
+    given = backbone.model_input
+    assert (given.side, given.mean, given.std) == (176, *IMAGENET)
+
+
+def test_a_torchvision_backbone_repeats_a_gray_channel_and_drops_its_last_linear_layer():
+    torch.manual_seed(0)
+    backbone = build_backbone("torchvision:resnet18", 1, 32).eval()
+    gray = torch.rand(2, 1, 32, 32)
+    features = backbone(gray)
+    assert isinstance(backbone.model.fc, torch.nn.Identity) and backbone.out_dim == 512
+    torch.testing.assert_close(features, backbone.model(gray.repeat(1, 3, 1, 1)))
+    given = backbone.model_input  # from the default weights' transforms, nothing fetched
+    assert (given.side, given.mean, given.std) == (224, *IMAGENET)
+
+
+def test_a_vit_takes_the_size_it_is_built_for_and_refuses_another():
+    backbone = build_backbone("timm:vit_tiny_patch16_224", 3, 32, img_size=32)
+    assert backbone(torch.rand(1, 3, 32, 32)).shape == (1, 192)
+    assert backbone.model_input.side == 32
+    with pytest.raises(ValueError, match=r"cannot take 3x32x32 images: Input height \(32\)"):
+        build_backbone("timm:vit_tiny_patch16_224", 3, 32)
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("timm:resnt10t", "'timm:resnt10t' is not a timm model; close names: resnet10t"),
+        ("timm:resnet18.bogus", "is not a timm model; close names: resnet18."),
+        ("torchvision:resnet19", "is not a torchvision model; close names: resnet18"),
+        ("torchvision:fasterrcnn_resnet50_fpn", "is not a torchvision model"),  # a detector
+    ],
+)
+def test_unknown_models_are_refused_with_the_closest_names(name, message):
+    with pytest.raises(ValueError, match=message):
+        build_backbone(name, 3, 32)
+
+
+def test_a_missing_library_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "timm", None)  # import timm now raises ImportError
+    with pytest.raises(ValueError, match=r"needs timm, which is not installed: pip install"):
+        build_backbone("timm:resnet10t", 3, 32)
+
+
+def test_pretrained_weights_are_asked_for_only_by_a_real_build(monkeypatch):
+    asked = []
+    create = timm.create_model
+
+    def fake_create(name, pretrained=False, **options):
+        asked.append(pretrained)
+        return create(name, pretrained=False, **options)  # nothing fetched here
+
+    monkeypatch.setattr(timm, "create_model", fake_create)
+    with torch.device("meta"):
+        build_backbone("timm:resnet10t", 3, 32, pretrained=True)
+    build_backbone("timm:resnet10t", 3, 32, pretrained=True)
+    assert asked == [False, True]
+
+
+# ---------------------------------------------------------------- the command line
+
+
+PRETRAINED = ["--backbone", "timm:resnet10t", "--backbone-options", '{"pretrained": true}']
+
+
+def refused(argv: list[str], capsys) -> str:
+    """The one-line error of `fewshot train` that must exit 2."""
+    assert main(["train", *argv, "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--backbone", "timm:resnt10t"], "--backbone 'timm:resnt10t' is not a timm model"),
+        (["--backbone", "torchvision:resnet19"], "close names: resnet18"),
+        (["--backbone", "conv5"], "--backbone must be one of conv4, resnet12, timm:NAME"),
+        (
+            ["--backbone", "timm:vit_tiny_patch16_224"],
+            "--backbone 'timm:vit_tiny_patch16_224' cannot take 1x28x28 images",
+        ),
+        (
+            ["--backbone", "timm:resnet10t", "--backbone-options", '{"depth": 3}'],
+            "--backbone-options 'timm:resnet10t' options ['depth']: ResNet.__init__() got an "
+            "unexpected keyword argument 'depth'",
+        ),
+        (
+            ["--backbone", "torchvision:resnet18", "--backbone-options", '{"image_size": 64}'],
+            "--backbone-options cannot set image_size: the images' geometry does",
+        ),
+        (
+            ["--backbone", "timm:resnet10t", "--freeze-backbone", "--backbone-lr", "0.01"],
+            "--backbone-lr does not apply to --freeze-backbone",
+        ),
+        (
+            ["--backbone", "timm:resnet10t", "--normalization", "backbone"],
+            "--normalization backbone needs a timm: or torchvision: backbone whose library gives "
+            "a mean and std for 1-channel images",
+        ),
+        (["--method", "maml", "--freeze-backbone"], "--freeze-backbone does not apply to"),
+        (
+            [*PRETRAINED, "--backbone-weights", "w.pt"],
+            "--backbone-weights and pretrained both give the backbone's weights",
+        ),
+        (
+            ["--init", "p.pt", "--backbone", "timm:resnet10t", "--backbone-weights", "w.pt"],
+            "--init and --backbone-weights or pretrained both give the backbone's weights",
+        ),
+    ],
+)
+def test_bad_backbones_are_refused_in_one_line_before_any_data(argv, message, tmp_path, capsys):
+    # An empty data root: the refusal comes before any data is looked for.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert message in refused([*argv, "--data-root", str(empty)], capsys)
+
+
+def test_weights_of_another_architecture_are_refused_naming_the_file_and_key(tmp_path, capsys):
+    other = tmp_path / "resnet14t.pt"
+    torch.save(timm.create_model("resnet14t", in_chans=1).state_dict(), other)
+    err = refused(["--backbone", "timm:resnet10t", "--backbone-weights", str(other)], capsys)
+    assert err == (
+        f"fewshot train: error: --backbone-weights {other} does not fit --backbone "
+        "timm:resnet10t: first mismatching key 'layer1.0.conv1.weight' (64x64x1x1 in the "
+        "file, 64x64x3x3 here)"
+    )
+    loose = tmp_path / "loose.pt"
+    torch.save({"model": {"w": torch.zeros(1)}}, loose)
+    err = refused(["--backbone", "timm:resnet10t", "--backbone-weights", str(loose)], capsys)
+    assert err.endswith(
+        f"--backbone-weights {loose} is not a state dict: its entry 'model' is not a tensor"
+    )
+
+
+def test_a_file_that_would_run_code_is_not_loaded(tmp_path, capsys):
+    hostile = tmp_path / "hostile.pt"
+    torch.save({"w": torch.nn.Linear(1, 1)}, hostile)  # a pickled module, not plain tensors
+    err = refused(["--backbone", "timm:resnet10t", "--backbone-weights", str(hostile)], capsys)
+    assert "--backbone-weights: cannot read checkpoint" in err and "could run code" in err
+
+
+# ---------------------------------------------------------------- training
+
+
+def test_their_protonet_divides_distances_by_the_dimension_as_resnet12s(tmp_path):
+    assert tiny_settings(tmp_path).head_options == {"normalize_by_dim": True}
+    assert tiny_settings(tmp_path, backbone="torchvision:resnet18").head_options == {
+        "normalize_by_dim": True
+    }
+    assert tiny_settings(tmp_path, head="ridge").head_options == {}
+    given = tiny_settings(tmp_path, head_options={"normalize_by_dim": False})
+    assert given.head_options == {"normalize_by_dim": False}
+
+
+def test_weights_from_a_file_start_the_run_without_the_classifier(tmp_path):
+    torch.manual_seed(1)
+    library = timm.create_model("resnet10t", in_chans=1, num_classes=7)  # with its classifier
+    path = tmp_path / "weights.pt"
+    torch.save(library.state_dict(), path)
+    trainer = make_trainer(tiny_settings(tmp_path, backbone_weights=str(path)))
+    loaded = trainer.method.backbone.model.state_dict()
+    assert loaded.keys() == {k for k in library.state_dict() if not k.startswith("fc.")}
+    for key, value in loaded.items():
+        assert torch.equal(value, library.state_dict()[key]), key
+
+
+def test_a_frozen_backbone_is_not_trained_and_stays_in_eval_mode(tmp_path):
+    trainer = make_trainer(tiny_settings(tmp_path, freeze_backbone=True))
+    before = {k: v.clone() for k, v in trainer.method.backbone.state_dict().items()}
+    scale = trainer.method.scale.detach().clone()
+    trained = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
+    assert trained == {id(trainer.method.scale)}
+    trainer._train_epoch()
+    assert not trainer.method.backbone.training and trainer.method.training
+    after = trainer.method.backbone.state_dict()  # weights and BatchNorm statistics
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert all(p.grad is None for p in trainer.method.backbone.parameters())
+    assert not torch.equal(trainer.method.scale.detach(), scale)
+
+
+def test_the_backbone_learning_rate_is_its_own_on_the_schedule(tmp_path):
+    settings = tiny_settings(tmp_path, lr=0.1, backbone_lr=0.01, lr_schedule=[[0, 0.5]])
+    trainer = make_trainer(settings)
+    head, backbone = trainer.optimizer.param_groups
+    assert {id(p) for p in backbone["params"]} == {
+        id(p) for p in trainer.method.backbone.parameters()
+    }
+    assert [id(p) for p in head["params"]] == [id(trainer.method.scale)]
+    trainer._train_epoch()
+    assert (head["lr"], backbone["lr"]) == (0.05, 0.005)
+
+
+def test_a_folder_data_set_takes_the_models_input_size_and_normalisation(tmp_path):
+    root = split_folders(tmp_path / "rgb")  # 16x16 RGB images
+    common = dict(dataset="folder", data_root=str(root), val_way=3)
+    vit = {"backbone": "timm:vit_tiny_patch16_224", "backbone_options": {"img_size": 32}}
+    settings = tiny_settings(tmp_path, **common, **vit)
+    assert settings.resize == 32 and settings.geometry == (3, 32)
+    trainer = make_trainer(settings)
+    assert (trainer.train_data.mean, trainer.train_data.std) == ((0.5,) * 3, (0.5,) * 3)
+    assert (trainer.val_data.mean, trainer.val_data.std) == ((0.5,) * 3, (0.5,) * 3)
+    trainer.fit()
+    _, saved = load_trained(tmp_path / "run" / "last.pt", torch.device("cpu"))
+    assert (saved["mean"], saved["std"], saved["image_size"]) == ([0.5] * 3, [0.5] * 3, 32)
+    # Given: --resize stays, and --normalization dataset keeps the split's own.
+    settings = tiny_settings(tmp_path, **common, resize=20, normalization="dataset")
+    trainer = make_trainer(settings)
+    own = load_split("folder", "train", root, resize=20)
+    assert trainer.train_data.image_size == 20
+    assert (trainer.train_data.mean, trainer.train_data.std) == (own.mean, own.std)
+
+
+def test_a_pretrained_run_resumes_and_evaluates_without_fetching_the_weights_again(
+    tmp_path, monkeypatch
+):
+    asked = []
+    create = timm.create_model
+
+    def fake_create(name, pretrained=False, **options):
+        asked.append(pretrained)
+        return create(name, pretrained=False, **options)
+
+    monkeypatch.setattr(timm, "create_model", fake_create)
+    settings = tiny_settings(tmp_path, backbone_options={"pretrained": True})
+    make_trainer(settings).fit()
+    assert asked[-1] is True  # the run's own backbone; its settings checks fetch nothing
+    assert not any(asked[:-1])
+    asked.clear()
+    last = str(tmp_path / "run" / "last.pt")
+    load_trained(last, torch.device("cpu"))
+    make_trainer(replace(settings, epochs=2), resume=last).fit()
+    assert asked and not any(asked)
+
+
+def test_a_torchvision_backbone_trains_from_the_command_line(tmp_path):
+    out = tmp_path / "tv"
+    argv = ["train", "--backbone", "torchvision:resnet18", "--freeze-backbone", "--way", "3"]
+    argv += ["--shot", "1", "--query", "2", "--epochs", "1", "--episodes-per-epoch", "2"]
+    argv += ["--episodes-per-batch", "1", "--val-episodes", "2", "--val-query", "2"]
+    assert main([*argv, "--device", "cpu", "--amp", "off", "--out", str(out)]) == 0
+    assert (out / "last.pt").is_file()
+
+
+def test_anil_adapts_a_classifier_on_a_timm_backbone(tmp_path):
+    # Its BatchNorm reads batch statistics: at 28x28 resnet10t's last map is 1x1, which the
+    # memory estimate's forward must still take.
+    settings = tiny_settings(tmp_path, method="anil", backbone_lr=1e-4)
+    trainer = make_trainer(settings)
+    before = trainer.method.backbone.model.conv1[0].weight.detach().clone()
+    trainer.fit()
+    assert not torch.equal(trainer.method.backbone.model.conv1[0].weight, before)
