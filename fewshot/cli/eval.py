@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -31,6 +31,7 @@ from fewshot.evaluation.episodes import (
 from fewshot.heads import CLASSIFIERS, TRANSDUCTIVE, check_head
 from fewshot.methods.base import Method
 from fewshot.methods.embedding import EmbeddingMethod
+from fewshot.methods.test_time_finetune import PMF, PmfAdapter, PmfOptions, search_line
 from fewshot.runtime.device import device_setting, resolve_device
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import atomic_write_json, file_sha256, json_differences, prepare_output
@@ -63,6 +64,12 @@ METHOD_SETTINGS = (
 )
 
 
+# Episodes per head call by default: without the cache each batch runs the backbone; with it
+# the head reads stored features, and larger calls save the iterative classifiers' fixed cost
+# per call (PT-MAP: 2000 five-way episodes in 181 s at 8 per call, 18 s at 200, on 2 cores).
+EPISODES_PER_BATCH = 8
+CACHED_EPISODES_PER_BATCH = 200
+
 # What a result records but does not depend on: which path named the checkpoint (its hash is
 # the identity), and whether the embeddings were cached (exact either way).
 RECORDED_ONLY = ("checkpoint", "models", "cache")
@@ -90,12 +97,14 @@ class ModelSettings:
     classifier: str | None = setting(
         None,
         help="test-time classifier on the model's frozen features (embedding methods and "
-        "pretrained models; default: the model's own head, nearest centroid for a pretrained one)",
-        choices=lambda: tuple(CLASSIFIERS),
+        "pretrained models; default: the model's own head, nearest centroid for a pretrained "
+        "one), or pmf: P>M>F's fine-tuning of the backbone on each episode's support",
+        choices=lambda: (*CLASSIFIERS, PMF),
     )
     classifier_options: dict = setting(
         help="the classifier's keyword options as JSON, e.g. '{\"cl2n\": true}' (centroid: "
-        "SimpleShot's centring on the base-class mean and L2 normalisation) or '{\"C\": 1}'",
+        "SimpleShot's centring on the base-class mean and L2 normalisation), '{\"C\": 1}' or "
+        '\'{"steps": 50, "lr": 1e-3}\' (pmf; without lr: chosen on validation episodes)',
         default_factory=dict,
     )
 
@@ -104,6 +113,12 @@ class ModelSettings:
         if self.classifier is None:
             if self.classifier_options:
                 raise SettingError("classifier_options", "needs --classifier")
+        elif self.classifier == PMF:
+            check_options("classifier_options", self.classifier_options, PmfOptions, PMF)
+            try:
+                PmfOptions(**self.classifier_options)
+            except FewshotError as e:
+                raise SettingError("classifier_options", str(e)) from None
         else:
             check_options(
                 "classifier_options", self.classifier_options, CLASSIFIERS[self.classifier]
@@ -136,7 +151,10 @@ class ModelSettings:
                 f"--classifier does not apply to {method_label(config)}: it adapts its whole "
                 "network to every episode rather than classifying fixed features"
             )
-        method.use_classifier(self.classifier, self.classifier_options)
+        if self.classifier == PMF:
+            method.use_adapter(PmfAdapter(method, PmfOptions(**self.classifier_options)))
+        else:
+            method.use_classifier(self.classifier, self.classifier_options)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -158,20 +176,30 @@ class EpisodeSettings(ModelSettings):
     shot: int = setting(1, help="support images per class", low=1)
     query: int = setting(15, help="query images per class", low=1)
     episodes: int = setting(1000, help="number of seeded episodes (>= 2 for a CI)", low=2)
-    episodes_per_batch: int = setting(
-        8, help="episodes per head call (memory and speed; the episodes stay the same)", low=1
+    episodes_per_batch: int | None = setting(
+        None,
+        help=f"episodes per head call (memory and speed; the episodes stay the same; default "
+        f"{EPISODES_PER_BATCH}, {CACHED_EPISODES_PER_BATCH} with the evaluation cache)",
+        low=1,
     )
     seed: int = seed_setting(0, help="seed of the test episodes")
     device: str = device_setting()
     cache: bool | None = setting(
         None,
-        help="embed every image once, where that is exact (embedding methods, the default "
-        "there); --no-cache: embed every episode",
+        help="embed every image of the split once, where that is exact (embedding methods; "
+        "by default where the split has fewer images than the episodes); --no-cache: embed "
+        "every episode",
     )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_data_options(self)
+        if self.classifier == PMF and self.cache:
+            raise SettingError(
+                "cache",
+                "does not apply to --classifier pmf: it fine-tunes the backbone on every "
+                "episode, so no embedding serves two episodes",
+            )
 
     def classifier_shape(self) -> list[tuple[str, tuple[int, int]]]:
         """--way, with the episodes' way and shot."""
@@ -237,14 +265,48 @@ class EpisodeSettings(ModelSettings):
     @property
     def shape(self) -> EpisodeShape:
         """The episode shape these settings ask for."""
-        return EpisodeShape(self.way, self.shot, self.query, self.episodes_per_batch)
+        batch = self.episodes_per_batch or EPISODES_PER_BATCH
+        return EpisodeShape(self.way, self.shot, self.query, batch)
 
-    def cache_for(self, method: Method, name: str) -> bool:
-        """Whether `method` (named `name` in messages) evaluates with the cache: by default where
-        it has one; --cache where it has none is refused (call this before reading data)."""
+    def shape_for(self, cache: bool) -> EpisodeShape:
+        """The episode shape, batched as asked or as suits the cache."""
+        default = CACHED_EPISODES_PER_BATCH if cache else EPISODES_PER_BATCH
+        return replace(self.shape, episodes_per_batch=self.episodes_per_batch or default)
+
+    def check_cache(self, method: Method, name: str) -> None:
+        """Refuse --cache for `method` (named `name` in messages) where it has none (call this
+        before reading data)."""
         if self.cache and not method.caches:
             raise FewshotError(f"--cache does not apply to {name}: it adapts to every episode")
-        return method.caches if self.cache is None else self.cache
+
+    @property
+    def episode_images(self) -> int:
+        """The images of all the episodes: what an evaluation without the cache embeds."""
+        return self.episodes * self.way * (self.shot + self.query)
+
+    def cache_for(self, method: Method, images: int) -> bool:
+        """Whether `method` evaluates with the cache on a split of `images` images: --cache or
+        --no-cache, else where it has one and the split has fewer images than the episodes
+        (embedding it once costs less than embedding every episode)."""
+        if self.cache is not None:
+            return self.cache
+        return method.caches and images < self.episode_images
+
+    def cache_note(self, method: Method, images: int) -> str | None:
+        """The line that says what the default chose for `method` on a split of `images`
+        images (None: no choice, the method has no cache or --cache / --no-cache says)."""
+        if self.cache is not None or not method.caches:
+            return None
+        split, episodes = f"split {self.split!r}", f"the {self.episodes} episodes"
+        if self.cache_for(method, images):
+            return (
+                f"evaluation cache: the {images} images of {split} embedded once, fewer than "
+                f"the {self.episode_images} of {episodes} (--no-cache: embed each episode)"
+            )
+        return (
+            f"no evaluation cache: the {self.episode_images} images of {episodes} embedded, "
+            f"fewer than the {images} of {split} (--cache: embed the split once)"
+        )
 
     def check_evaluation(
         self, method: Method, split: ImageSplit, device: torch.device, cache: bool
@@ -253,9 +315,33 @@ class EpisodeSettings(ModelSettings):
         an evaluation whose memory cannot fit, estimated on the batches that will run (never
         more episodes than --episodes) with the cache on or off."""
         check_shape(split.labels, self.shape, split.source)
-        terms = evaluation_terms(method, self.shape, self.episodes, len(split.labels), cache)
+        shape = self.shape_for(cache)
+        terms = evaluation_terms(method, shape, self.episodes, len(split.labels), cache)
         if terms:
             check_memory(terms, device, "the evaluation")
+
+    def choose_finetune_lr(self, method: Method, config: dict, device: torch.device) -> None:
+        """--classifier pmf without an lr: each candidate tried on `val_episodes` seeded
+        episodes (these settings' shape and seed) of the validation split of the data the model
+        (of checkpoint settings `config`) was trained on, as P>M>F chooses it; the best kept
+        and said in one line, naming the model."""
+        adapter = getattr(method, "adapter", None)
+        if not isinstance(adapter, PmfAdapter) or adapter.lr is not None:
+            return
+        dataset, split = config["dataset"], config["val_split"]
+        geometry = {"resize": config["resize"], "channels": config["channels"]}
+        pool = self.shot + self.query
+        val = load_split(dataset, split, self.training_root(config), **geometry, per_class=pool)
+        val = as_trained(config, val, dataset)
+        check_shape(val.labels, self.shape, val.source)
+        episodes = adapter.options.val_episodes
+        means = adapter.choose_lr(
+            lambda: episode_accuracies(
+                method, val, self.shape, episodes, self.seed, device, cache=False
+            )
+        )
+        where = f"for {method.source} on {episodes} episodes of {dataset} split {split!r}"
+        print(search_line(means, adapter.lr, where))
 
     def accuracies(
         self, method: Method, config: dict, split: ImageSplit, device: torch.device, cache: bool
@@ -265,8 +351,10 @@ class EpisodeSettings(ModelSettings):
         center = self.base_center(method, config, device)
         if center is not None:
             method.head_options["center"] = center
+        self.choose_finetune_lr(method, config, device)
+        shape = self.shape_for(cache)
         return episode_accuracies(
-            method, split, self.shape, self.episodes, self.seed, device, cache, progress=True
+            method, split, shape, self.episodes, self.seed, device, cache, progress=True
         )
 
 
@@ -283,6 +371,15 @@ class EvalSettings(EpisodeSettings):
         "predictions and accuracy to this JSON file, for fewshot show",
     )
     overwrite: bool = setting(False, help="replace a result of other settings at the --out path")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.classifier == PMF and self.save_episodes:
+            raise SettingError(
+                "save_episodes",
+                "does not apply to --classifier pmf: the saved predictions come from fewshot "
+                "predict's path, which does not fine-tune",
+            )
 
     def result_path(self, checkpoint: Path, dataset: str, record: dict) -> Path:
         """Where the JSON result goes: --out, or a name made of what decides the result
@@ -333,8 +430,8 @@ def run_eval(settings: EvalSettings) -> EvalResult:
         transductive=method.transductive,
     )
     precision = precision_name(settings.amp, device.type)
-    cache = settings.cache_for(method, method_label(config))
-    record.update(cache=cache, precision=precision)
+    settings.check_cache(method, method_label(config))
+    record.update(precision=precision)
     record.update(episodes=settings.episodes, way=settings.way, shot=settings.shot)
     record.update(query=settings.query, seed=settings.seed)
     # Before the work: a result of other settings is kept unless --overwrite.
@@ -342,12 +439,20 @@ def run_eval(settings: EvalSettings) -> EvalResult:
     out = prepare_output(path, settings.overwrite, json_differences(result_identity(record)))
     saved = settings.save_episodes and prepare_output(settings.save_episodes, settings.overwrite)
     method.check_way(settings.way)
+    method.check_shot(settings.shot)
     [split] = settings.episode_splits(dataset, [(config, checkpoint)])
+    record["cache"] = cache = settings.cache_for(method, len(split.labels))
+    note = settings.cache_note(method, len(split.labels))
+    if note:
+        print(note)
     settings.check_evaluation(method, split, device, cache)
     record["dataset_fingerprint"] = split.fingerprint()
     accuracies = settings.accuracies(method, config, split, device, cache)
     result = EvalResult.of(accuracies, settings.shape, settings.seed)
     record.update(asdict(result))
+    adapter = getattr(method, "adapter", None)
+    if isinstance(adapter, PmfAdapter):
+        record.update(adapter.record())
     if settings.per_episode:
         record["accuracies"] = accuracies.tolist()
     atomic_write_json(record, out)

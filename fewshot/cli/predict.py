@@ -21,6 +21,7 @@ from fewshot.datasets.batches import images_to_device
 from fewshot.datasets.folder import Listing, decode_listing, first_image, list_classes, list_images
 from fewshot.methods.base import Method
 from fewshot.methods.embedding import EmbeddingMethod
+from fewshot.methods.test_time_finetune import PMF
 from fewshot.runtime.device import device_setting, resolve_device
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import (
@@ -114,6 +115,12 @@ class PredictSettings(ModelSettings):
                 "cl2n needs the training split's mean feature, which fewshot eval computes; "
                 "predict does not read the training data",
             )
+        if self.classifier == PMF:
+            raise SettingError(
+                "classifier",
+                "pmf fine-tunes the backbone on the seeded episodes of fewshot eval and "
+                "compare; predict does not fine-tune",
+            )
 
     def prepare(self, method: Method, config: dict) -> None:
         """The classifier and precision (see ModelSettings), and --batch-norm for the methods
@@ -157,6 +164,7 @@ def run_predict(settings: PredictSettings) -> Prediction:
             f"each, got {', '.join(f'{k!r}: {v}' for k, v in counts.items())}"
         )
     method.check_way(len(counts))
+    method.check_shot(max(counts.values()))
     query_listing = list_images([Path(p) for p in settings.query])
     support = read_images(support_listing, config, checkpoint, "support")
     query = read_images(query_listing, config, checkpoint, "query")

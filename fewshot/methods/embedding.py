@@ -7,7 +7,10 @@ episodes index the embeddings of every image computed once (exact with BatchNorm
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import inspect
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -19,8 +22,9 @@ from fewshot.datasets.batches import images_to_device
 from fewshot.heads import CLASSIFIERS, HEADS, REGULARISATION, TRANSDUCTIVE
 from fewshot.methods.base import EpisodeSolver, Method, check_episodes, describe_scales
 from fewshot.methods.resplit import episode_loss
+from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.memory import MemoryTerm
-from fewshot.runtime.precision import autocast_dtype
+from fewshot.runtime.precision import autocast_dtype, precision_name
 from fewshot.runtime.signals import Stop, check_stop
 
 # Images per backbone call when the evaluation cache embeds a whole split.
@@ -35,6 +39,9 @@ class EmbeddingMethod(Method):
 
     caches = True
     loss = "cross_entropy"  # of the query logits (see episode_loss)
+    # A test-time classifier that fine-tunes the backbone on every episode (P>M>F, see
+    # fewshot.methods.test_time_finetune): (split, shot, device, stop) -> the episodes' solver.
+    adapter: Callable[[ImageSplit, int, torch.device, Stop | None], EpisodeSolver] | None = None
 
     def __init__(
         self,
@@ -59,7 +66,17 @@ class EmbeddingMethod(Method):
     def head(self, query, support, support_labels, way: int, shot: int, **overrides):
         """The unscaled head logits with the model's head options (eval-mode ones in eval)."""
         options = {**self.head_options, **({} if self.training else self.eval_head_options)}
-        return self.head_fn(query, support, support_labels, way, shot, **options, **overrides)
+        return self.head_fn(query, support, support_labels, way, shot, **options | overrides)
+
+    def episode_head(self, index: torch.Tensor) -> Callable[..., torch.Tensor]:
+        """`head` for the episodes of `index` [B, way, pool]: a classifier that draws random
+        numbers (a `seed` option: fine-tuning's initial weights) gets one seed per episode
+        (`episode_seeds`), so that an episode's result does not depend on its batch."""
+        parameters = inspect.signature(self.head_fn).parameters
+        if "seed" not in parameters:
+            return self.head
+        seed = self.head_options.get("seed", parameters["seed"].default)
+        return functools.partial(self.head, seed=episode_seeds(index, seed))
 
     def use_classifier(self, name: str, options: dict) -> None:
         """Classify episodes with the test-time classifier `name` (fewshot.heads.CLASSIFIERS)
@@ -67,14 +84,41 @@ class EmbeddingMethod(Method):
         self.head_name, self.head_fn = name, CLASSIFIERS[name]
         self.head_options, self.eval_head_options = dict(options), {}
 
-    def embed(self, images: torch.Tensor) -> torch.Tensor:
-        """Flat float32 features [N, d] of normalised images [N, C, H, W] (autocast if amp)."""
+    def use_adapter(
+        self, adapter: Callable[[ImageSplit, int, torch.device, Stop | None], EpisodeSolver]
+    ) -> None:
+        """Solve test episodes with `adapter`, which adapts the backbone to each episode: no
+        embedding is the same in two episodes, so there is no cache."""
+        self.adapter, self.caches = adapter, False
+
+    def embed(self, images: torch.Tensor, checked: bool = True) -> torch.Tensor:
+        """Flat float32 features [N, d] of normalised images [N, C, H, W] (autocast if amp);
+        those of a model loaded from a checkpoint (`source`) are checked finite unless not
+        `checked` (test-time fine-tuning checks its loss instead)."""
         dtype = autocast_dtype(self.amp, images.device.type)
         if dtype is None:
-            return self.backbone(images)
-        with torch.autocast(images.device.type, dtype=dtype):
             features = self.backbone(images)
-        return features.float()
+        else:
+            with torch.autocast(images.device.type, dtype=dtype):
+                features = self.backbone(images).float()
+        if checked and self.source is not None:
+            self.check_finite(features, images.device.type)
+        return features
+
+    def check_finite(self, features: torch.Tensor, device_type: str) -> None:
+        """Refuse a batch's features that hold inf or nan (weights that overflow on its
+        images: classifiers would score them without a word), naming the checkpoint; one
+        reduction per batch."""
+        if bool(torch.isfinite(features).all()):
+            return
+        bad = int((~torch.isfinite(features).flatten(1).all(dim=1)).sum())
+        precision = precision_name(self.amp, device_type)
+        hint = "" if precision == "float32" else f" in {precision} (--amp off: float32)"
+        raise FewshotError(
+            f"{self.source} gives non-finite features (inf or nan) for {bad} of the "
+            f"{len(features)} images of a batch: its weights overflow on them{hint}; not "
+            "classifying them"
+        )
 
     def forward(
         self, images: torch.Tensor, resplits: torch.Tensor | None, shot: int
@@ -103,16 +147,23 @@ class EmbeddingMethod(Method):
         """Class probabilities of the scaled logits."""
         return torch.softmax(logits, dim=-1)
 
-    def scores(self, support: torch.Tensor, query: torch.Tensor, batch: int) -> torch.Tensor:
+    def scores(
+        self,
+        support: torch.Tensor,
+        query: torch.Tensor,
+        batch: int,
+        episode: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Embed the support once and the queries `batch` at a time (BatchNorm in eval mode:
         an image's embedding is its own), then classify them in the same chunks, or all at
-        once for a transductive classifier."""
+        once for a transductive classifier; with the seeds of `episode` where it is given."""
         way, shot = support.shape[:2]
         features = self.embed(support.flatten(0, 1))[None]
         labels = torch.arange(way, device=support.device).repeat_interleave(shot)[None]
         queries = torch.cat([self.embed(chunk) for chunk in query.split(batch)])
         chunks = [queries] if self.transductive else queries.split(batch)
-        logits = [self.scale * self.head(q[None], features, labels, way, shot)[0] for q in chunks]
+        head = self.head if episode is None else self.episode_head(episode[None])
+        logits = [self.scale * head(q[None], features, labels, way, shot)[0] for q in chunks]
         return self.to_scores(torch.cat(logits).float())
 
     def divergence_advice(self) -> str:
@@ -197,16 +248,34 @@ class EmbeddingMethod(Method):
     def solver(
         self, split: ImageSplit, shot: int, device: torch.device, cache: bool, stop: Stop | None
     ) -> EpisodeSolver:
-        """With `cache`, episodes index the embeddings of every image, computed once."""
-        if not cache:
-            return super().solver(split, shot, device, cache, stop)
-        features = self.embed_split(split, device, stop=stop)
+        """With `cache`, episodes index the embeddings of every image, computed once; without,
+        each batch's images are embedded. Either way the head is `episode_head`'s. An
+        adapter (`use_adapter`) builds the solver instead."""
+        if self.adapter is not None:
+            return self.adapter(split, shot, device, stop)
+        features = self.embed_split(split, device, stop=stop) if cache else None
 
         @torch.no_grad()
         def solve(index: torch.Tensor) -> torch.Tensor:
-            return episode_loss(features[index.to(device)], self.head, self.scale, shot)[1]
+            if features is None:
+                images = images_to_device(split, index.flatten(), device)
+                embeddings = self.embed(images).view(*index.shape, -1)
+            else:
+                embeddings = features[index.to(device)]
+            return episode_loss(embeddings, self.episode_head(index), self.scale, shot)[1]
 
         return solve
+
+
+def episode_seeds(index: torch.Tensor, seed: int) -> torch.Tensor:
+    """One seed per episode [B] (int64) from `seed` and the episode's image indices
+    [B, way, pool], its identity in the split: an episode gets the same seed in any batch, at
+    any position, with or without the cache."""
+    salt = f"{seed}:".encode()
+    rows = index.flatten(1).cpu().numpy().astype("<i8")
+    digests = [hashlib.blake2b(salt + row.tobytes(), digest_size=8).digest() for row in rows]
+    # 63 bits: a non-negative int64, as torch.Generator.manual_seed takes.
+    return torch.tensor([int.from_bytes(d, "little") >> 1 for d in digests], dtype=torch.long)
 
 
 def settings_backbone(settings: dict) -> nn.Module:
