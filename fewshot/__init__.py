@@ -8,7 +8,6 @@ classes they build (see fewshot.api).
 
 import importlib
 import re
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,8 @@ from typing import Any
 def _version() -> str:
     """The installed distribution's version, else (a source tree on the path, not installed)
     the one in the pyproject.toml beside the package."""
+    from importlib import metadata
+
     try:
         return metadata.version("fewshot")
     except metadata.PackageNotFoundError:
@@ -25,8 +26,6 @@ def _version() -> str:
         )
         return found.group(1) if found else "unknown"
 
-
-__version__ = _version()
 
 # The API's names and their modules, imported on first use: the `fewshot` command imports this
 # package before torch, so that Ctrl-C while torch loads is one line (fewshot.cli.run).
@@ -49,7 +48,11 @@ __all__ = sorted(_API)
 
 
 def __getattr__(name: str) -> Any:
-    """The API name `name`, from its module (PEP 562)."""
+    """The API name `name`, from its module (PEP 562), or `__version__`, found on first use:
+    the `fewshot` command starts, and takes over Ctrl-C, before reading any metadata."""
+    if name == "__version__":
+        globals()[name] = _version()
+        return globals()[name]
     if name not in _API:
         raise AttributeError(f"module 'fewshot' has no attribute {name!r}")
     return getattr(importlib.import_module(_API[name]), name)
@@ -57,4 +60,4 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     """The package's names, the lazily imported API's among them."""
-    return sorted([*globals(), *_API])
+    return sorted({*globals(), *_API, "__version__"})

@@ -26,8 +26,7 @@ _.fresh_resolution
 
 # pytest (and pytest-xdist) call these conftest hooks by name.
 _.pytest_terminal_summary
-_.pytest_sessionfinish
-_.pytest_testnodedown
+_.pytest_configure
 
 # http.server calls a request handler's do_<METHOD> and log_message (tests/test_fetch.py's server).
 _.do_GET

@@ -4,7 +4,7 @@ the real data sets, whose absence skips only the tests of their numbers (counted
 from __future__ import annotations
 
 import os
-import resource
+import threading
 from collections import Counter
 from pathlib import Path
 
@@ -61,53 +61,64 @@ def real_data():
     return root_of
 
 
-def peak_rss_gib() -> tuple[float, float]:
-    """This process's peak resident memory and its largest finished subprocess's, in GiB."""
-    kib = [
-        resource.getrusage(who).ru_maxrss
-        for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-    ]
-    return kib[0] / 2**20, kib[1] / 2**20
+def tree_pss_kib(root: int) -> int:
+    """The proportional set size (kB) of process `root` and all its descendants: each shared
+    page split between the processes that share it, so the sum is what they hold at once
+    (0 where /proc cannot tell: not Linux)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            ppid = int((entry / "stat").read_text().rpartition(")")[2].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile
+        children.setdefault(ppid, []).append(int(entry.name))
+    total, pending = 0, [root]
+    while pending:
+        pid = pending.pop()
+        pending += children.get(pid, [])
+        try:
+            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        total += sum(int(line.split()[1]) for line in rollup.splitlines() if line[:4] == "Pss:")
+    return total
 
 
-# Each xdist worker's peaks, sent to the controller when the worker finishes.
-WORKER_PEAKS: dict[str, tuple[float, float]] = {}
+class MemorySampler(threading.Thread):
+    """The peak of the suite's memory held at once: `tree_pss_kib` of the test process (the
+    controller, with its xdist workers and their subprocesses) sampled every second."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.peak_kib = 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        """Sample until `done` is set."""
+        while not self.done.wait(1.0):
+            self.peak_kib = max(self.peak_kib, tree_pss_kib(os.getpid()))
 
 
-def pytest_sessionfinish(session) -> None:
-    """On an xdist worker, send its memory peaks to the controller."""
-    if hasattr(session.config, "workeroutput"):
-        session.config.workeroutput["peak_rss_gib"] = peak_rss_gib()
+SAMPLER = MemorySampler()
 
 
-@pytest.hookimpl(optionalhook=True)
-def pytest_testnodedown(node, error) -> None:
-    """On the controller, keep a finished worker's memory peaks."""
-    peaks = getattr(node, "workeroutput", {}).get("peak_rss_gib")
-    if peaks is not None:
-        WORKER_PEAKS[node.gateway.id] = tuple(peaks)
-
-
-def memory_line() -> str:
-    """The suite's peak memory: each process's peak and their sum, with each worker's largest
-    subprocess: a bound on what the suite held at once while a worker runs one subprocess at
-    a time (torchrun's ranks are the exception: two at once, of a few hundred MB each)."""
-    own, child = peak_rss_gib()
-    # Under xdist the controller's finished subprocesses are the workers, counted below.
-    processes = {"controller": (own, 0.0 if WORKER_PEAKS else child), **WORKER_PEAKS}
-    total = sum(own + child for own, child in processes.values())
-    parts = ", ".join(
-        f"{name} {own:.1f} (+ subprocess {child:.1f})" for name, (own, child) in processes.items()
-    )
-    return f"peak memory: at most {total:.1f} GiB at once ({parts}; GiB of resident memory)"
+def pytest_configure(config) -> None:
+    """Start sampling the suite's memory, in the controller (not in an xdist worker)."""
+    if not hasattr(config, "workerinput"):
+        SAMPLER.start()
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
     """Report the suite's peak memory; say how many tests skipped for a missing real data set,
     and how to provide it. Under xdist the skips reach the controller as reports whose
     longrepr ends in the reason."""
-    terminalreporter.write_sep("-", "memory")
-    terminalreporter.write_line(memory_line())
+    SAMPLER.done.set()
+    if SAMPLER.peak_kib:
+        terminalreporter.write_sep("-", "memory")
+        terminalreporter.write_line(
+            f"peak memory: {SAMPLER.peak_kib / 2**20:.1f} GiB at once (the proportional set size "
+            "of the suite's processes, sampled every second)"
+        )
     missing: Counter[str] = Counter()
     for report in terminalreporter.stats.get("skipped", []):
         reason = str(report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr)

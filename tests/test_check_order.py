@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 import fewshot.runtime.memory
 from fewshot.backbones import Conv4
@@ -18,6 +20,7 @@ from fewshot.cli.main import main
 from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluation.episodes import evaluation_terms
 from fewshot.methods.embedding import EmbeddingMethod
+from fewshot.runtime.io import load_checkpoint
 from fewshot.training.settings import PretrainSettings
 
 ZOO = Path(__file__).resolve().parents[1] / "models" / "omniglot"
@@ -316,3 +319,138 @@ def test_hpo_cleaning_checks_its_counts_before_the_memory(
     words = ["hpo", "cleaning", "--dataset", "mnist", "--model", "sr", "--method", "rhg"]
     words += [*extra, "--data-root", str(digits_root), "--out", str(tmp_path / "out")]
     assert refusal(capsys, words) == f"fewshot hpo cleaning: error: {message}"
+
+
+# ------------------------------------------- what a model cannot read, or gives, said first
+
+RELATION = ZOO / "relation_conv4_5way1shot.pt"
+
+
+def summed_relation(tmp_path: Path) -> Path:
+    """The zoo's 1-shot Relation model as if trained with the paper's sum over the shots (the
+    same weights: the combination has none)."""
+    ckpt = load_checkpoint(RELATION)
+    assert ckpt["config"]["shot"] == 1
+    ckpt["config"]["method_options"] = {**ckpt["config"]["method_options"], "combine": "sum"}
+    path = tmp_path / "relation_sum.pt"
+    torch.save(ckpt, path)
+    return path
+
+
+def support_folder(tmp_path: Path, shot: int) -> tuple[Path, Path]:
+    """A support folder of two classes of `shot` Omniglot-sized images, and one query image."""
+    rng = np.random.default_rng(0)
+    for name in ("a", "b"):
+        (tmp_path / "support" / name).mkdir(parents=True)
+        for i in range(shot):
+            image = rng.integers(0, 256, (28, 28), dtype=np.uint8)
+            Image.fromarray(image).save(tmp_path / "support" / name / f"{i}.png")
+    Image.fromarray(rng.integers(0, 256, (28, 28), dtype=np.uint8)).save(tmp_path / "q.png")
+    return tmp_path / "support", tmp_path / "q.png"
+
+
+@pytest.mark.usefixtures("free_memory")
+def test_a_relation_model_summed_over_its_shots_reads_its_training_shot_only(
+    tiny_omniglot_root, tmp_path, capsys
+):
+    """A sum of 5 shots is 5 times what a 1-shot sum model learned (41 % instead of 98 %):
+    refused in eval, compare and predict before any data, and in training when validation
+    would read another shot; the mean (the default) reads any shot."""
+    model = summed_relation(tmp_path)
+    refused = (
+        "relation was trained with method_options combine 'sum' on 1-shot episodes, so its "
+        "episodes must be 1-shot, got {}: a class map sums its shots, {} times the scale it "
+        "learned (combine 'mean' reads any shot)"
+    )
+    data = ["--data-root", str(tmp_path / "none"), "--device", "cpu"]  # no data to read
+    words = ["eval", "--checkpoint", str(model), "--shot", "5", *data]
+    line = refusal(capsys, [*words, "--out", str(tmp_path / "r.json")])
+    assert line == f"fewshot eval: error: {refused.format(5, 5)}"
+    line = refusal(capsys, ["compare", str(RELATION), str(model), "--shot", "5", *data])
+    assert line == f"fewshot compare: error: {refused.format(5, 5)}"
+    support, query = support_folder(tmp_path, 2)
+    words = ["predict", "--checkpoint", str(model), "--support", str(support)]
+    line = refusal(capsys, [*words, "--query", str(query), "--device", "cpu"])
+    assert line == f"fewshot predict: error: {refused.format(2, 2)}"
+    words = ["train", "--method", "relation", "--method-options", '{"combine": "sum"}']
+    line = refusal(capsys, [*words, "--val-shot", "5", *data, "--out", str(tmp_path / "run")])
+    assert line == (
+        "fewshot train: error: --val-shot must be --shot (1) with method_options combine 'sum' "
+        "(a sum of another number of shots is on another scale), got 5"
+    )
+    # Its own shot, and the mean model at any shot, are evaluated (where memory allows).
+    for checkpoint, shot in ((model, "1"), (RELATION, "5")):
+        words = ["eval", "--checkpoint", str(checkpoint), "--shot", shot, "--episodes", "2"]
+        words += ["--data-root", str(tiny_omniglot_root), "--device", "cpu"]
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(fewshot.runtime.memory, "available_bytes", lambda device: PLENTY)
+            assert main([*words, "--out", str(tmp_path / f"{shot}.json")]) == 0
+    capsys.readouterr()
+
+
+def overflowing(tmp_path: Path) -> Path:
+    """The zoo ProtoNet with finite weights (the loader's check passes) whose features overflow
+    float32 on every image: its last BatchNorm's mean far below any input, its scale at the
+    edge of the range."""
+    ckpt = load_checkpoint(PROTONET)
+    norm = "backbone.encoder.3.1."
+    ckpt["model"][norm + "running_mean"] = torch.full_like(
+        ckpt["model"][norm + "running_mean"], -1e30
+    )
+    ckpt["model"][norm + "weight"] = torch.full_like(ckpt["model"][norm + "weight"], 3e38)
+    path = tmp_path / "overflow.pt"
+    torch.save(ckpt, path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "classifier", [[], ["--classifier", "centroid"], ["--classifier", "logistic"]]
+)
+def test_features_that_overflow_are_refused_naming_the_checkpoint(
+    classifier, tiny_omniglot_root, tmp_path, capsys
+):
+    model = overflowing(tmp_path)
+    words = ["--checkpoint", str(model), *classifier, "--amp", "off", "--device", "cpu"]
+    refused = f"{model} gives non-finite features (inf or nan) for "
+    why = ": its weights overflow on them; not classifying them"
+    # The cache embeds the split's 480 images in one batch; without it, a batch of 2 episodes
+    # of 5 x 16 images.
+    for cache, batch in (("--cache", 480), ("--no-cache", 2 * 5 * 16)):
+        evaluation = ["eval", *words, "--episodes", "2", "--episodes-per-batch", "2", cache]
+        evaluation += ["--data-root", str(tiny_omniglot_root), "--out", str(tmp_path / "r.json")]
+        assert main(evaluation) == 2
+        # After the episodes' progress bar, which clears itself (a carriage return).
+        line = capsys.readouterr().err.split("\r")[-1].strip()
+        assert (
+            line == f"fewshot eval: error: {refused}{batch} of the {batch} images of a batch{why}"
+        )
+        assert not (tmp_path / "r.json").exists()
+    support, query = support_folder(tmp_path, 1)
+    line = refusal(capsys, ["predict", *words, "--support", str(support), "--query", str(query)])
+    assert line == f"fewshot predict: error: {refused}2 of the 2 images of a batch{why}"
+
+
+def test_relations_hidden_layer_enters_the_memory_estimate(
+    tiny_omniglot_root, tmp_path, monkeypatch, capsys
+):
+    """A million hidden units: 12 bytes (about three float32 copies in training) per unit and
+    (query, class) pair, 750 pairs per step of 2 episodes of 5 x 15 queries x 5 classes, 8.4
+    GiB where 4 are available: refused naming the option, not by the allocator."""
+    monkeypatch.setattr(fewshot.runtime.memory, "available_bytes", lambda device: 4 * 2**30)
+    words = ["train", "--method", "relation", "--method-options", '{"hidden": 1000000}']
+    words += ["--data-root", str(tiny_omniglot_root), "--device", "cpu"]
+    line = refusal(capsys, [*words, "--out", str(tmp_path / "run")])
+    assert f"the hidden layer on 750 pairs: {12 * 750 * 10**6 / 2**30:.1f} GiB" in line, line
+    assert line.startswith("fewshot train: error: one training step needs about ")
+    assert line.endswith("lower --method-options hidden")
+
+
+def test_fetching_into_a_file_is_one_line(tmp_path, capsys):
+    file = tmp_path / "file"
+    file.write_text("x")
+    for root, why in ((file, "File exists"), (file / "data", "Not a directory")):
+        line = refusal(capsys, ["data", "fetch", "mnist", "--data-root", str(root)])
+        assert line == (
+            f"fewshot data fetch: error: --data-root {root}: cannot make the folder: {why}"
+        )
+    assert file.read_text() == "x"

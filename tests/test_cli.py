@@ -7,6 +7,10 @@ import dataclasses
 import hashlib
 import json
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,6 +19,7 @@ import torch
 from fewshot.cli.eval import METHOD_SETTINGS
 from fewshot.cli.main import COMMANDS, build_parser, main
 from fewshot.methods import build_method
+from fewshot.methods.embedding import EmbeddingMethod
 from fewshot.runtime.io import load_checkpoint
 
 
@@ -141,6 +146,40 @@ def test_eval_records_what_it_was_computed_with_and_keeps_other_results(trained,
     assert capsys.readouterr().err.strip() == refused.format(out, "checkpoint_sha256 differs")
 
 
+def test_the_cache_is_taken_where_it_embeds_fewer_images_and_said(
+    trained, capsys, tmp_path, monkeypatch
+):
+    """The tiny test split holds 24 x 20 = 480 images, a 5-way 1-shot 3-query episode 20: 20
+    episodes embed 400 images without the cache, fewer than the split; 30 embed 600, more.
+    The default's choice is said and recorded; --cache and --no-cache choose without a word."""
+    embedded = []
+    embed_split = EmbeddingMethod.embed_split
+
+    def counted(self, split, *args, **kwargs):
+        embedded.append(len(split.labels))
+        return embed_split(self, split, *args, **kwargs)
+
+    monkeypatch.setattr(EmbeddingMethod, "embed_split", counted)
+    args = ["eval", "--checkpoint", str(trained / "best.pt"), "--query", "3", "--device", "cpu"]
+    cases = {
+        ("--episodes", "20"): "no evaluation cache: the 400 images of the 20 episodes embedded, "
+        "fewer than the 480 of split 'test' (--cache: embed the split once)",
+        ("--episodes", "30"): "evaluation cache: the 480 images of split 'test' embedded once, "
+        "fewer than the 600 of the 30 episodes (--no-cache: embed each episode)",
+        ("--episodes", "30", "--no-cache"): None,
+        ("--episodes", "20", "--cache"): None,
+    }
+    out = tmp_path / "result.json"
+    for extra, said in cases.items():
+        embedded.clear()
+        assert main([*args, *extra, "--out", str(out), "--overwrite"]) == 0
+        cache = said.startswith("evaluation") if said else extra[-1] == "--cache"
+        assert json.loads(out.read_text())["cache"] is cache, extra
+        assert embedded == ([480] if cache else []), extra
+        printed = capsys.readouterr().out.splitlines()
+        assert [line for line in printed if "evaluation cache" in line] == [said] * bool(said)
+
+
 def test_eval_default_name_holds_what_decides_the_result(trained, capsys, tmp_path):
     checkpoint = tmp_path / "model.pt"
     shutil.copy(trained / "best.pt", checkpoint)
@@ -175,7 +214,10 @@ def test_eval_of_a_shipped_model_writes_into_results(monkeypatch, tmp_path, caps
 # (command line, text the one-line error must contain). {tmp} is a fresh folder; {run} a
 # trained run folder; {file} a regular file; {cfg} a config file written from the case's JSON.
 BAD_COMMANDS = [
-    ("train --backbone vgg", "--backbone must be one of conv4, resnet12, got 'vgg'"),
+    (
+        "train --backbone vgg",
+        "--backbone must be one of conv4, resnet12, timm:NAME or torchvision:NAME, got 'vgg'",
+    ),
     ("train --head knn", "--head must be one of protonet, ridge, svm, cosine, got 'knn'"),
     ("train --dataset mnist", "--dataset must be one of"),
     ("train --way 30 --out {tmp}/r", "30-way episodes need 30 classes"),
@@ -439,21 +481,78 @@ def test_a_source_tree_that_is_not_installed_imports_with_its_version(tmp_path):
     assert (done.returncode, done.stdout.strip()) == (0, want), done.stderr
 
 
-def test_ctrl_c_while_the_commands_load_is_one_line(capsys, monkeypatch):
-    import builtins
+def signalled(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    """`python -c code` run to its end, its output as text."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
 
-    from fewshot.cli import run
 
-    real_import = builtins.__import__
+def test_ctrl_c_while_the_commands_load_is_one_line(tmp_path):
+    """A real SIGINT while `fewshot` imports torch and the commands: one line, status 130."""
+    code = (
+        "import builtins, os, signal, sys\n"
+        "real = builtins.__import__\n"
+        "def pressed(name, *args, **kwargs):\n"
+        "    if name == 'fewshot.cli.main':\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "    return real(name, *args, **kwargs)\n"
+        "builtins.__import__ = pressed\n"
+        "sys.argv = ['fewshot', '--version']\n"
+        "from fewshot.cli import run\n"
+        "sys.exit(run())\n"
+    )
+    done = signalled(code, tmp_path)
+    assert (done.returncode, done.stderr, done.stdout) == (130, "fewshot: interrupted\n", "")
 
-    def pressed(name, *args, **kwargs):
-        if name == "fewshot.cli.main":
-            raise KeyboardInterrupt
-        return real_import(name, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "__import__", pressed)
-    assert run() == 130
-    assert capsys.readouterr().err.strip() == "fewshot: interrupted"
+def test_a_signal_within_an_import_ends_the_command_in_one_line(tmp_path):
+    """Raised within an import, an exception leaves a half-imported module (numpy's core
+    cannot load twice and its lazy attributes then recurse: a 40-line RecursionError): a
+    signal there ends the process at once; elsewhere it is the `Interrupted` of one line."""
+    (tmp_path / "slow_module.py").write_text(
+        "import os, signal\nos.kill(os.getpid(), signal.SIGINT)\nLOADED = True\n"
+    )
+    code = (
+        "import os, signal, sys\n"
+        "sys.path.insert(0, '.')\n"
+        "from fewshot.runtime.signals import Interrupted, signals_raise\n"
+        "try:\n"
+        "    with signals_raise():\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "except Interrupted:\n"
+        "    print('raised')\n"
+        "with signals_raise():\n"
+        "    import slow_module\n"
+        "print('imported')\n"
+    )
+    done = signalled(code, tmp_path)
+    assert (done.returncode, done.stderr, done.stdout) == (
+        130,
+        "fewshot: interrupted\n",
+        "raised\n",
+    )
+
+
+@pytest.mark.slow
+def test_ctrl_c_in_the_first_seconds_of_a_command_is_one_line(tmp_path):
+    """Real Ctrl-C at moments spread over `fewshot plot`'s first seconds (torch, numpy and
+    matplotlib loading): never a traceback. From half a second on: the interpreter's own start
+    (its site module) comes before any code of the package."""
+    (tmp_path / "run").mkdir()
+    row = {"epoch": 1, "lr": 0.1, "train_loss": 1.0, "train_acc": 50.0, "val_acc": 50.0}
+    row.update(val_ci95=1.0, seconds=1.0, precision="float32")
+    (tmp_path / "run" / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    command = [sys.executable, "-m", "fewshot", "plot", "run", "--out", "c.png", "--overwrite"]
+    for delay in [0.5 + 0.15 * i for i in range(16)]:
+        process = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
+        time.sleep(delay)
+        process.send_signal(signal.SIGINT)
+        _, err = process.communicate(timeout=300)
+        if process.returncode == 0:  # done before the signal
+            continue
+        assert process.returncode == 130, (delay, err)
+        assert len(err.strip().splitlines()) == 1 and "interrupted" in err, (delay, err)
 
 
 def test_eval_takes_a_run_folder_and_keeps_another_result(trained, capsys, tmp_path):

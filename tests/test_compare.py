@@ -42,7 +42,8 @@ def test_compare_is_paired_over_the_same_episodes(runs, tmp_path, capsys, tiny_o
     root = ["--data-root", str(tiny_omniglot_root)]
     out = tmp_path / "cmp.json"
     assert main(["compare", str(a), str(b), *EPISODES, *root, "--out", str(out)]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    note, *lines = capsys.readouterr().out.strip().splitlines()
+    assert note.startswith("evaluation cache: the 480 images of split 'test' embedded once")
     record = json.loads(out.read_text())
     acc_a, acc_b = (torch.tensor(record[k]["accuracies"]) for k in "ab")
     d = paired_ci(acc_a, acc_b)
@@ -85,7 +86,8 @@ def test_compare_seeds_pairs_seed_i_with_seed_i(runs, tmp_path, capsys, tiny_omn
     args = ["compare-seeds", "--a", *map(str, runs["protonet"]), "--b", *map(str, runs["ridge"])]
     args += [*EPISODES, "--data-root", str(tiny_omniglot_root), "--out", str(out)]
     assert main(args) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    note, *lines = capsys.readouterr().out.strip().splitlines()
+    assert note.startswith("evaluation cache: the 480 images of split 'test' embedded once")
     record = json.loads(out.read_text())
     means = {arm: [m["accuracy"] / 100 for m in record[arm]] for arm in "ab"}
     for arm in "ab":

@@ -364,11 +364,17 @@ def test_a_class_too_small_for_the_episodes_is_named_with_its_count(rgb_root, ca
     assert conversions(rgb_root) == []
 
 
-@pytest.mark.parametrize("damage", ["truncated", "not an image", "unreadable"])
+@pytest.mark.parametrize("damage", ["truncated", "truncated jpeg", "not an image", "unreadable"])
 def test_a_damaged_image_file_is_named(rgb_root, damage):
     path = rgb_root / "train" / "train_b" / "02.png"
     if damage == "truncated":
         path.write_bytes(path.read_bytes()[:200])
+    elif damage == "truncated jpeg":  # its header whole: only decoding every pixel finds the end
+        path.unlink()
+        path = write_class(path.parent, class_images(7, 3), ".jpg")[2]
+        path.write_bytes(path.read_bytes()[:-20])
+        with Image.open(path) as img:
+            assert img.size == (SIDE, SIDE)  # opened (lazily) without a word
     elif damage == "not an image":
         path.write_text("hello")
     else:

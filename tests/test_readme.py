@@ -36,6 +36,9 @@ PLACEHOLDERS = {
     "W": "20",
     "K": "5",
     "IMAGES": "images",
+    "SET": "isic",
+    "DOWNLOAD": "images",
+    "FOLDER": "images",
 }
 # Inline spans of the pages that name a command with one of its flags but are not meant to be run.
 FRAGMENTS = {"fewshot eval --per-episode", "fewshot hpo NAME"}

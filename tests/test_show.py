@@ -50,6 +50,16 @@ def test_saved_episodes_are_the_evaluated_ones(tmp_path, checkpoint, omniglot_te
     assert result["transductive"] is (checkpoint == MAML)
 
 
+def test_saved_episodes_draw_a_classifiers_random_numbers_as_the_evaluation(tmp_path):
+    """Fine-tuning one step from its random initial weights: the predictions are the initial
+    draw's, so the saved episodes match the evaluation only if each draws its episode's seed."""
+    options = ["--classifier", "finetune", "--classifier-options", '{"steps": 1, "lr": 1e-4}']
+    both = saved_episodes(tmp_path, PROTONET, *options)
+    accuracies = both["result"]["accuracies"]
+    assert min(accuracies) < 0.8  # near the initial draw: far from the model's 98 %
+    assert [e["accuracy"] for e in both["saved"]["episodes"]] == pytest.approx(accuracies)
+
+
 def test_a_folder_data_set_records_each_images_file(tmp_path, omniglot_test):
     root = tmp_path / "folder"
     for c in range(6):

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-
 
 def run() -> int:
-    """The installed `fewshot` command: Ctrl-C while torch and the commands load is one line."""
-    try:
+    """The installed `fewshot` command: a signal while torch and the commands load ends it at
+    once in one line (an exception there would leave half-imported modules behind)."""
+    from fewshot.runtime.signals import signals_stop_at_once
+
+    with signals_stop_at_once():
         from fewshot.cli.main import main
 
         return main()
-    except KeyboardInterrupt:
-        print("fewshot: interrupted", file=sys.stderr)
-        return 130

@@ -33,14 +33,19 @@ def per_episode(settings: EpisodeSettings, paths: list[str]) -> tuple[str, list[
             "dataset", f"must be given: the models were trained on {', '.join(sorted(trained_on))}"
         )
     dataset = settings.dataset or trained_on.pop()
-    caches = []
     for method, config in models:
         settings.prepare(method, config)
         method.check_way(settings.way)
-        caches.append(settings.cache_for(method, method_label(config)))
+        method.check_shot(settings.shot)
+        settings.check_cache(method, method_label(config))
     # Each model sees the images as it was trained to (its geometry, its normalisation).
     trained = [(config, path) for path, (_, config) in zip(files, models, strict=True)]
     splits = settings.episode_splits(dataset, trained)
+    images = len(splits[0].labels)  # the same split, seen at each model's geometry
+    caches = [settings.cache_for(method, images) for method, _ in models]
+    for note in dict.fromkeys(settings.cache_note(method, images) for method, _ in models):
+        if note:
+            print(note)
     # Every model's evaluation checked before the first one's work.
     for (method, _), data, cache in zip(models, splits, caches, strict=True):
         settings.check_evaluation(method, data, device, cache)

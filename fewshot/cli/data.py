@@ -9,6 +9,7 @@ from pathlib import Path
 from fewshot.datasets import resolve_data_root
 from fewshot.datasets.bscd import SETS, arrange
 from fewshot.datasets.fetch import DATASETS, fetch
+from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.settings import Command, check_fields, setting
 
 
@@ -30,7 +31,12 @@ class FetchSettings:
 def run_fetch(settings: FetchSettings) -> None:
     """Land every file of the data set under the data root, then say where."""
     if settings.data_root:
-        Path(settings.data_root).mkdir(parents=True, exist_ok=True)
+        try:
+            Path(settings.data_root).mkdir(parents=True, exist_ok=True)
+        except OSError as e:  # a file there, or on its way
+            raise FewshotError(
+                f"--data-root {settings.data_root}: cannot make the folder: {e.strerror or e}"
+            ) from None
     root = resolve_data_root(settings.data_root)
     fetch(DATASETS[settings.dataset], root)
     print(f"{settings.dataset}: every file in place under {root}")

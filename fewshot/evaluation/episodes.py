@@ -140,7 +140,7 @@ def episode_records(
     """What each seeded episode was: its classes (split labels), the split indices of its
     support and query images per class (and their `files`, one per image of the split, where
     given), the episode position of the class each query was given (by `Method.predict`, the
-    episode's own path) and its accuracy."""
+    episode's own path, with the episode's seeds) and its accuracy."""
     way, shot = shape.way, shape.shot
     labels = torch.arange(way, device=device).repeat_interleave(shot)
     records = []
@@ -149,7 +149,8 @@ def episode_records(
             images = images_to_device(split, index.flatten(), device)
             images = images.view(*index.shape, *images.shape[1:])
             query = images[:, shot:].flatten(0, 1)
-            scores = method.predict(images[:, :shot].flatten(0, 1), labels, query)
+            support = images[:, :shot].flatten(0, 1)
+            scores = method.predict(support, labels, query, episode=index)
             predicted = scores.argmax(dim=1).view(way, -1).cpu()
             truth = torch.arange(way)[:, None]
             record = {

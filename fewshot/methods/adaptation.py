@@ -392,7 +392,13 @@ class AdaptationMethod(Method):
     # the MAML paper), or of the support and one query (False, Nichol et al. 2018).
     transductive = True
 
-    def scores(self, support: torch.Tensor, query: torch.Tensor, batch: int) -> torch.Tensor:
+    def scores(
+        self,
+        support: torch.Tensor,
+        query: torch.Tensor,
+        batch: int,
+        episode: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Adapt to the support ([way, shot, C, H, W], `eval_inner_steps` steps), then classify
         the queries: all in one batch when `transductive` (as the episodes of training and
         evaluation; ANIL embeds support and queries in one pass, as it trains), else each in

@@ -36,6 +36,12 @@ class ComparisonMethod(EmbeddingMethod):
         self.loss = loss
         self.scale.requires_grad_(False)  # the comparison's own output is the logit
 
+    def check_shot(self, shot: int) -> None:
+        """Refuse episodes of a shot the comparison module cannot read (its `check_shot`)."""
+        check = getattr(self.comparator, "check_shot", None)
+        if check is not None:
+            check(shot)
+
     @property
     def score_name(self) -> str:
         """Relation Networks' scores are the relation module's sigmoids, not probabilities."""
@@ -49,14 +55,19 @@ class ComparisonMethod(EmbeddingMethod):
         self, episodes: int, way: int, pool: int, shot: int, resplits: int
     ) -> list[MemoryTerm]:
         """The embedding method's head terms, and what the comparison module holds per
-        (query, class) pair and re-split (its `pair_bytes`: Relation Networks' pair maps) and
-        per query (its `query_bytes`, if any: Matching Networks' full context embeddings)."""
+        (query, class) pair and re-split (its `pair_bytes` and `pair_hidden_bytes`: Relation
+        Networks' pair maps and hidden layer) and per query (its `query_bytes`, if any:
+        Matching Networks' full context embeddings)."""
         terms = super().head_terms(episodes, way, pool, shot, resplits)
         lower = "--resplits" if resplits > 1 else "--episodes-per-batch"
         queries = resplits * episodes * way * (pool - shot)
         size = self.comparator.pair_bytes * queries * way
         if size:
             terms.append(MemoryTerm(size, f"the comparison of {queries * way} pairs", lower))
+        size = getattr(self.comparator, "pair_hidden_bytes", 0) * queries * way
+        if size:
+            reads = f"the hidden layer on {queries * way} pairs"
+            terms.append(MemoryTerm(size, reads, "--method-options hidden"))
         per_query = getattr(self.comparator, "query_bytes", None)
         size = per_query(way * shot) * queries if per_query else 0
         if size:

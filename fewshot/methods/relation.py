@@ -15,6 +15,7 @@ from torch import nn
 from fewshot.heads.episode_inputs import check_query, support_one_hot
 from fewshot.methods.comparison import ComparisonMethod
 from fewshot.methods.embedding import settings_backbone
+from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.settings import SettingError
 
 RELATION_LOSSES = ("mse", "cross_entropy")
@@ -46,18 +47,34 @@ class RelationHead(nn.Module):
         channels: int = 64,
         hidden: int = 8,
         combine: str = "mean",
+        shot: int | None = None,
     ):
         super().__init__()
         self.feature_map, self.combine = feature_map, combine
+        # The shot a sum was trained on: the only one whose class maps are on its scale.
+        self.shot = shot if combine == "sum" else None
         depth, side, _ = feature_map
-        # What training holds per (query, class) pair: its first block's maps, about three times.
+        # What training holds per (query, class) pair, about three times each: its first
+        # block's maps, and its hidden layer (a memory term of its own: `hidden` sizes it).
         self.pair_bytes = 3 * 4 * channels * side * side
+        self.pair_hidden_bytes = 3 * 4 * hidden
         first, side = relation_block(2 * depth, channels, side)
         second, side = relation_block(channels, channels, side)
         self.blocks = nn.Sequential(first, second)
         self.score = nn.Sequential(
             nn.Flatten(), nn.Linear(channels * side * side, hidden), nn.ReLU(), nn.Linear(hidden, 1)
         )
+
+    def check_shot(self, shot: int) -> None:
+        """Refuse episodes of a shot the module cannot read: a sum of another number of shots
+        than it was trained on is on another scale (any shot reads right with the mean)."""
+        if self.shot is not None and shot != self.shot:
+            raise FewshotError(
+                f"relation was trained with method_options combine 'sum' on {self.shot}-shot "
+                f"episodes, so its episodes must be {self.shot}-shot, got {shot}: a class map "
+                f"sums its shots, {shot / self.shot:g} times the scale it learned (combine "
+                "'mean' reads any shot)"
+            )
 
     def forward(
         self,
@@ -113,6 +130,12 @@ def build_relation_method(
             "must keep a feature map for --method relation (Conv-4 with max-pooling, ResNet-12 "
             "without avg_pool)",
         )
-    head = RelationHead(backbone.feature_map, hidden=hidden, combine=combine)
+    if combine == "sum" and settings["val_shot"] != settings["shot"]:
+        raise SettingError(
+            "val_shot",
+            f"must be --shot ({settings['shot']}) with method_options combine 'sum' (a sum of "
+            f"another number of shots is on another scale), got {settings['val_shot']}",
+        )
+    head = RelationHead(backbone.feature_map, hidden=hidden, combine=combine, shot=settings["shot"])
     # Label smoothing is refused for the method (UNUSED_SETTINGS); the MSE has no use for it.
     return ComparisonMethod(backbone, head, "relation", loss, settings["amp"])

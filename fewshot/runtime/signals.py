@@ -5,12 +5,14 @@ Ctrl-C (SIGINT) or closes the terminal (SIGHUP). While training, `StopRequests` 
 of these into a request that the trainer honours at the next step boundary, so a saved state
 is always one the run passed through; a second signal stops at once. Elsewhere
 `signals_raise` makes each of them an `Interrupted` exception, which the command line reports
-on one line.
+on one line; during an import, and while the `fewshot` command loads, a signal ends the process
+at once, in one line too (`stop_at_once`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -40,21 +42,57 @@ def check_stop(stop: Stop | None) -> None:
         raise Interrupted(signum)
 
 
+def stop_at_once(signum: int, frame: FrameType | None) -> None:
+    """Signal handler: end the process now, saying so in one line, with 128 + the signal's
+    number. For a signal while modules load, where an exception would leave a half-imported
+    module behind (numpy's C core cannot load twice, its lazy attributes then recurse) and
+    nothing of the command's has been written yet."""
+    os.write(2, b"fewshot: interrupted\n")
+    os._exit(128 + signum)
+
+
+def _importing(frame: FrameType | None) -> bool:
+    """Whether `frame` runs within an import (an importlib frame below it)."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
 def _raise(signum: int, frame: FrameType | None) -> None:
+    if _importing(frame):
+        stop_at_once(signum, frame)
     raise Interrupted(signum)
 
 
 @contextlib.contextmanager
-def signals_raise() -> Iterator[None]:
-    """Within the block, every signal of SIGNALS raises `Interrupted` (main thread only)."""
+def signals_stop_at_once() -> Iterator[None]:
+    """Within the block, every signal of SIGNALS ends the process at once (`stop_at_once`):
+    for the `fewshot` command while torch and the commands load."""
+    with _handled(stop_at_once):
+        yield
+
+
+@contextlib.contextmanager
+def _handled(handler: Callable[[int, FrameType | None], None]) -> Iterator[None]:
+    """Within the block, `handler` handles every signal of SIGNALS (main thread only)."""
     previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = {signum: signal.signal(signum, _raise) for signum in SIGNALS}
+        previous = {signum: signal.signal(signum, handler) for signum in SIGNALS}
     try:
         yield
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """Within the block, every signal of SIGNALS raises `Interrupted` (main thread only), or
+    ends the process at once while a module is being imported (see `stop_at_once`)."""
+    with _handled(_raise):
+        yield
 
 
 class StopRequests:
@@ -70,6 +108,8 @@ class StopRequests:
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.signum is not None:
+            if _importing(frame):
+                stop_at_once(signum, frame)
             raise Interrupted(signum, "second signal: stopped at once")
         self.request(signum)
 
