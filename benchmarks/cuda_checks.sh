@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# The checks that need a GPU, in one run of under 10 minutes (the parts' limits add up to 555
+# The checks that need a GPU, in one run of under 10 minutes (the parts' limits add up to 595
 # s, the training runs of every method counted once: they run at once), every figure under
 # OUT_DIR: the CUDA tests, the throughput, EHG, precision (float32 against bf16: the measurement
 # behind --amp auto on GPUs) and MAML-family benchmarks, a few steps of `fewshot train` for
 # every method and head with their CUDA defaults (Matching and Relation Networks among them),
 # `fewshot pretrain` and two test-time classifiers on its features, the Omniglot trainval
-# ProtoNet trained end to end and evaluated, the SVM head's solvers side by side, and the
-# MetaOptNet side-by-side when
+# ProtoNet trained end to end and evaluated, the SVM head's solvers side by side, the iterative
+# test-time classifiers (20-way PT-MAP among them), and the MetaOptNet side-by-side when
 # the shared reference folder is beside the repository. Each part has its own time limit, so a
 # slow part cannot starve the others; summary.txt gives each part's exit status and seconds.
 #
@@ -65,6 +65,7 @@ if [ "$smoke" = 1 ]; then
     trainval=(--epochs 1 --episodes-per-epoch 2 --val-episodes 2)
     episodes=16
     svm=(--cases 3w2s2q/16 --episodes 2 --repeats 1)
+    classifiers=(--smoke)
 else
     device=cuda
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.txt"
@@ -77,6 +78,8 @@ else
     trainval=()
     episodes=2000
     svm=()
+    # The goal of the issue of speed: 2000 twenty-way PT-MAP episodes in under 10 s.
+    classifiers=(--way 20 --goal 10)
 fi
 "$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
     >>"$out/summary.txt"
@@ -125,6 +128,8 @@ part eval_trainval 20 "$python" -m fewshot eval --checkpoint "$runs/trainval/las
     --way 5 --shot 1 --episodes "$episodes" --seed 0 --device "$device" \
     --out "$out/eval_trainval.json"
 part bench_svm 30 "$python" -m benchmarks.bench_svm --device "$device" "${svm[@]}"
+part bench_classifiers 40 "$python" -m benchmarks.bench_classifiers --device "$device" \
+    "${classifiers[@]}"
 if [ -d ../shared/reference ] && [ "$smoke" = 0 ]; then
     for backbone in conv4 resnet12; do
         part "bench_vs_metaoptnet_$backbone" 30 "$python" -m benchmarks.bench_vs_metaoptnet \
