@@ -66,6 +66,13 @@ def _raise(signum: int, frame: FrameType | None) -> None:
     raise Interrupted(signum)
 
 
+def ignore_signals() -> None:
+    """Ignore every signal of SIGNALS from now on (main thread only)."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in SIGNALS:
+            signal.signal(signum, signal.SIG_IGN)
+
+
 @contextlib.contextmanager
 def signals_stop_at_once() -> Iterator[None]:
     """Within the block, every signal of SIGNALS ends the process at once (`stop_at_once`):
