@@ -61,10 +61,10 @@ def real_data():
     return root_of
 
 
-def tree_pss_kib(root: int) -> int:
-    """The proportional set size (kB) of process `root` and all its descendants: each shared
-    page split between the processes that share it, so the sum is what they hold at once
-    (0 where /proc cannot tell: not Linux)."""
+def tree_rss_kib(root: int) -> int:
+    """The resident memory (kB) of process `root` and all its descendants, summed: an upper
+    bound on what they hold at once (shared library pages count once per process); read from
+    /proc/PID/statm, which takes no lock of the process (0 where /proc cannot tell)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").glob("[0-9]*"):
         try:
@@ -73,19 +73,19 @@ def tree_pss_kib(root: int) -> int:
             continue  # gone meanwhile
         children.setdefault(ppid, []).append(int(entry.name))
     total, pending = 0, [root]
+    page_kib = os.sysconf("SC_PAGE_SIZE") // 1024
     while pending:
         pid = pending.pop()
         pending += children.get(pid, [])
         try:
-            rollup = Path(f"/proc/{pid}/smaps_rollup").read_text()
-        except OSError:
+            total += int(Path(f"/proc/{pid}/statm").read_text().split()[1]) * page_kib
+        except (OSError, ValueError, IndexError):
             continue
-        total += sum(int(line.split()[1]) for line in rollup.splitlines() if line[:4] == "Pss:")
     return total
 
 
 class MemorySampler(threading.Thread):
-    """The peak of the suite's memory held at once: `tree_pss_kib` of the test process (the
+    """The peak of the suite's memory held at once: `tree_rss_kib` of the test process (the
     controller, with its xdist workers and their subprocesses) sampled every second."""
 
     def __init__(self) -> None:
@@ -96,7 +96,7 @@ class MemorySampler(threading.Thread):
     def run(self) -> None:
         """Sample until `done` is set."""
         while not self.done.wait(1.0):
-            self.peak_kib = max(self.peak_kib, tree_pss_kib(os.getpid()))
+            self.peak_kib = max(self.peak_kib, tree_rss_kib(os.getpid()))
 
 
 SAMPLER = MemorySampler()
@@ -116,8 +116,8 @@ def pytest_terminal_summary(terminalreporter) -> None:
     if SAMPLER.peak_kib:
         terminalreporter.write_sep("-", "memory")
         terminalreporter.write_line(
-            f"peak memory: {SAMPLER.peak_kib / 2**20:.1f} GiB at once (the proportional set size "
-            "of the suite's processes, sampled every second)"
+            f"peak memory: {SAMPLER.peak_kib / 2**20:.1f} GiB at once (the resident memory of "
+            "the suite's processes summed, sampled every second)"
         )
     missing: Counter[str] = Counter()
     for report in terminalreporter.stats.get("skipped", []):
