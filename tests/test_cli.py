@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from cli_errors import error_line
 
 from fewshot.cli.eval import METHOD_SETTINGS
 from fewshot.cli.main import COMMANDS, build_parser, main
@@ -275,18 +276,6 @@ BAD_CONFIGS = [
     ('{"way": 5', "is not valid JSON"),
     ('{"head": "ridge", "eval_head_options": {"iters": 3}}', '"eval_head_options" has no option'),
 ]
-
-
-def error_line(capsys, args: list[str]) -> str:
-    """Run the CLI, expect exit status 2 and one line on stderr; return it."""
-    try:
-        code = main(args)
-    except SystemExit as e:  # argparse refuses malformed flag values itself
-        code = e.code
-    err = capsys.readouterr().err.strip()
-    assert code == 2, err
-    assert len(err.splitlines()) == 1, err
-    return err
 
 
 @pytest.mark.parametrize(("command", "message"), BAD_COMMANDS, ids=[c for c, _ in BAD_COMMANDS])

@@ -7,24 +7,11 @@ import json
 import time
 
 import pytest
+from cli_errors import error_line
 
 from fewshot.cli.main import main
 from fewshot.hpo.cli import COMMANDS
 from fewshot.hpo.splits import MAX_RESPLITS
-
-
-def error_line(capsys, args: list[str]) -> str:
-    """Run the CLI, expect exit status 2 and exactly one line on stderr; return it."""
-    try:
-        code = main(args)
-    except SystemExit as e:  # argparse refuses malformed flag values itself
-        code = e.code
-    captured = capsys.readouterr()
-    err = captured.err.strip()
-    assert code == 2, err
-    assert len(err.splitlines()) == 1, err
-    assert "Traceback" not in captured.err
-    return err
 
 
 def test_regularization_prints_and_writes_the_same_numbers(tmp_path, capsys):

@@ -21,7 +21,16 @@ from fewshot.datasets import (
 )
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.folder import describe_source, list_split
-from fewshot.datasets.sampler import EpisodeShape, check_shape
+from fewshot.datasets.sampler import EpisodeShape
+from fewshot.datasets.varied import (
+    MAX_SUPPORT,
+    VARIED_HELP,
+    VariedShape,
+    check_episode_shape,
+    check_varied_options,
+    varied_name,
+    varied_shape,
+)
 from fewshot.evaluation.episodes import (
     EvalResult,
     episode_accuracies,
@@ -172,9 +181,14 @@ class EpisodeSettings(ModelSettings):
     )
     resize: int | None = resize_setting()
     channels: int | None = channels_setting()
-    way: int = setting(5, help="classes per episode", low=1)
-    shot: int = setting(1, help="support images per class", low=1)
+    way: int = setting(5, help="classes per episode (with --varied: the fewest)", low=1)
+    shot: int = setting(1, help="support images per class (with --varied: the most)", low=1)
     query: int = setting(15, help="query images per class", low=1)
+    varied: bool = setting(False, help=VARIED_HELP)
+    max_way: int | None = setting(None, help="--varied: the largest way (default: --way)", low=1)
+    max_support: int = setting(
+        MAX_SUPPORT, help="--varied: the most support images of an episode", low=1
+    )
     episodes: int = setting(1000, help="number of seeded episodes (>= 2 for a CI)", low=2)
     episodes_per_batch: int | None = setting(
         None,
@@ -194,6 +208,13 @@ class EpisodeSettings(ModelSettings):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_data_options(self)
+        check_varied_options(self)
+        if self.varied and self.episodes_per_batch not in (None, 1):
+            raise SettingError(
+                "episodes_per_batch",
+                f"must be 1 with --varied (each episode has its own way), got "
+                f"{self.episodes_per_batch}",
+            )
         if self.classifier == PMF and self.cache:
             raise SettingError(
                 "cache",
@@ -256,20 +277,28 @@ class EpisodeSettings(ModelSettings):
                     f"{root} {self.split}: its {own} images (the first's geometry) are read "
                     f"as {channels}x{side}x{side}, the geometry of {path}"
                 )
-        pool = self.shot + self.query
         split = load_split(
-            dataset, self.split, root, resize=side, channels=channels, per_class=pool
+            dataset, self.split, root, resize=side, channels=channels, per_class=self.per_class
         )
         return [as_trained(model, split, checkpoint) for model, checkpoint in trained]
 
     @property
-    def shape(self) -> EpisodeShape:
+    def per_class(self) -> int:
+        """The images every class of the split must have for these episodes."""
+        return (1 if self.varied else self.shot) + self.query
+
+    @property
+    def shape(self) -> EpisodeShape | VariedShape:
         """The episode shape these settings ask for."""
+        if self.varied:
+            return varied_shape(self)
         batch = self.episodes_per_batch or EPISODES_PER_BATCH
         return EpisodeShape(self.way, self.shot, self.query, batch)
 
-    def shape_for(self, cache: bool) -> EpisodeShape:
-        """The episode shape, batched as asked or as suits the cache."""
+    def shape_for(self, cache: bool) -> EpisodeShape | VariedShape:
+        """The episode shape, batched as asked or as suits the cache (varied: one a batch)."""
+        if self.varied:
+            return self.shape
         default = CACHED_EPISODES_PER_BATCH if cache else EPISODES_PER_BATCH
         return replace(self.shape, episodes_per_batch=self.episodes_per_batch or default)
 
@@ -282,7 +311,9 @@ class EpisodeSettings(ModelSettings):
     @property
     def episode_images(self) -> int:
         """The images of all the episodes: what an evaluation without the cache embeds."""
-        return self.episodes * self.way * (self.shot + self.query)
+        shape = self.shape
+        way = shape.max_way if isinstance(shape, VariedShape) else shape.way
+        return self.episodes * way * shape.pool
 
     def cache_for(self, method: Method, images: int) -> bool:
         """Whether `method` evaluates with the cache on a split of `images` images: --cache or
@@ -298,6 +329,8 @@ class EpisodeSettings(ModelSettings):
         if self.cache is not None or not method.caches:
             return None
         split, episodes = f"split {self.split!r}", f"the {self.episodes} episodes"
+        if self.varied:  # their sizes are drawn: the count is their largest
+            episodes = f"up to {episodes}"
         if self.cache_for(method, images):
             return (
                 f"evaluation cache: the {images} images of {split} embedded once, fewer than "
@@ -314,7 +347,7 @@ class EpisodeSettings(ModelSettings):
         """Refuse, before any work, episodes that `split` cannot give (from its labels), then
         an evaluation whose memory cannot fit, estimated on the batches that will run (never
         more episodes than --episodes) with the cache on or off."""
-        check_shape(split.labels, self.shape, split.source)
+        check_episode_shape(split.labels, self.shape, split.source)
         shape = self.shape_for(cache)
         terms = evaluation_terms(method, shape, self.episodes, len(split.labels), cache)
         if terms:
@@ -330,10 +363,10 @@ class EpisodeSettings(ModelSettings):
             return
         dataset, split = config["dataset"], config["val_split"]
         geometry = {"resize": config["resize"], "channels": config["channels"]}
-        pool = self.shot + self.query
-        val = load_split(dataset, split, self.training_root(config), **geometry, per_class=pool)
+        root = self.training_root(config)
+        val = load_split(dataset, split, root, **geometry, per_class=self.per_class)
         val = as_trained(config, val, dataset)
-        check_shape(val.labels, self.shape, val.source)
+        check_episode_shape(val.labels, self.shape, val.source)
         episodes = adapter.options.val_episodes
         means = adapter.choose_lr(
             lambda: episode_accuracies(
@@ -380,6 +413,11 @@ class EvalSettings(EpisodeSettings):
                 "does not apply to --classifier pmf: the saved predictions come from fewshot "
                 "predict's path, which does not fine-tune",
             )
+        if self.varied and self.save_episodes:
+            raise SettingError(
+                "save_episodes",
+                "does not apply to --varied episodes yet: fewshot show draws episodes of one shot",
+            )
 
     def result_path(self, checkpoint: Path, dataset: str, record: dict) -> Path:
         """Where the JSON result goes: --out, or a name made of what decides the result
@@ -393,7 +431,7 @@ class EvalSettings(EpisodeSettings):
             "eval",
             dataset,
             self.split,
-            f"{self.way}w{self.shot}s{self.query}q",
+            f"{self.way}w{self.shot}s{self.query}q" if not self.varied else varied_name(self),
             f"{self.episodes}ep",
             f"seed{self.seed}",
             *([self.classifier] if self.classifier else []),
@@ -434,6 +472,9 @@ def run_eval(settings: EvalSettings) -> EvalResult:
     record.update(precision=precision)
     record.update(episodes=settings.episodes, way=settings.way, shot=settings.shot)
     record.update(query=settings.query, seed=settings.seed)
+    if settings.varied:  # only then: the records of fixed episodes keep their identity
+        record.update(varied=True, max_way=settings.shape.max_way)
+        record.update(max_support=settings.max_support)
     # Before the work: a result of other settings is kept unless --overwrite.
     path = settings.result_path(checkpoint, label, record)
     out = prepare_output(path, settings.overwrite, json_differences(result_identity(record)))

@@ -29,3 +29,17 @@ def images_to_device(
     if channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
     return images
+
+
+def episode_images(
+    split: ImageSplit,
+    index: torch.Tensor,
+    device: torch.device,
+    transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    channels_last: bool = False,
+) -> torch.Tensor:
+    """The images [*index.shape, C, H, W] of episodes `index` [B, way, pool] on the device (see
+    `images_to_device`); a varied episode's padding (-1) gets the split's first image, which no
+    method reads."""
+    images = images_to_device(split, index.flatten().clamp(min=0), device, transform, channels_last)
+    return images.view(*index.shape, *images.shape[1:])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import astuple, dataclass, replace
+from dataclasses import dataclass, replace
 
 import torch
 from tqdm import tqdm
@@ -12,6 +12,7 @@ from tqdm import tqdm
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import images_to_device
 from fewshot.datasets.sampler import EpisodeSampler, EpisodeShape
+from fewshot.datasets.varied import VariedSampler, VariedShape, shape_shot
 from fewshot.evaluation.stats import ci95
 from fewshot.methods.base import Method
 from fewshot.runtime.memory import MemoryTerm
@@ -37,10 +38,14 @@ class EvalResult:
     seed: int
 
     @classmethod
-    def of(cls, accuracies: torch.Tensor, shape: EpisodeShape, seed: int) -> EvalResult:
-        """The summary of per-episode accuracies (fractions) as percentages."""
+    def of(
+        cls, accuracies: torch.Tensor, shape: EpisodeShape | VariedShape, seed: int
+    ) -> EvalResult:
+        """The summary of per-episode accuracies (fractions) as percentages (of varied
+        episodes: their smallest way and largest shot)."""
         mean = 100 * float(accuracies.double().mean())
-        return cls(mean, 100 * ci95(accuracies), len(accuracies), *astuple(shape)[:3], seed)
+        ci = 100 * ci95(accuracies)
+        return cls(mean, ci, len(accuracies), shape.way, shape.shot, shape.query, seed)
 
     def line(self) -> str:
         """The summary line printed by `fewshot eval`."""
@@ -48,11 +53,15 @@ class EvalResult:
 
 
 def seeded_episodes(
-    split: ImageSplit, shape: EpisodeShape, episodes: int, seed: int
+    split: ImageSplit, shape: EpisodeShape | VariedShape, episodes: int, seed: int
 ) -> Iterator[torch.Tensor]:
     """The first `episodes` seeded episodes of `split` as index tensors [b, way, pool], in
-    batches of shape.episodes_per_batch (the last one smaller when they do not divide); a
-    shape the split cannot give is refused here, before any batch."""
+    batches of shape.episodes_per_batch (the last one smaller when they do not divide; varied
+    episodes one at a time); a shape the split cannot give is refused here, before any
+    batch."""
+    if isinstance(shape, VariedShape):
+        sampler = VariedSampler(split.labels, shape, seed, source=split.source)
+        return (sampler.sample() for _ in range(episodes))
     blocks = replace(shape, episodes_per_batch=EPISODE_BLOCK)
     sampler = EpisodeSampler(split.labels, blocks, seed, source=split.source)
     return _rebatched(sampler, shape.episodes_per_batch, episodes)
@@ -73,19 +82,20 @@ def _rebatched(sampler: EpisodeSampler, batch: int, episodes: int) -> Iterator[t
 
 
 def evaluation_terms(
-    method: Method, shape: EpisodeShape, episodes: int, images: int, cache: bool
+    method: Method, shape: EpisodeShape | VariedShape, episodes: int, images: int, cache: bool
 ) -> list[MemoryTerm]:
     """Lower bounds of evaluating `episodes` episodes of `shape` on a split of `images` images,
     on the shapes that will run: batches of at most `episodes` episodes (see `_rebatched`),
     and the method's cache where `cache` is on."""
     batch = min(shape.episodes_per_batch, episodes)
-    return method.evaluation_terms(batch, shape.way, shape.pool, shape.shot, images, cache)
+    way = shape.max_way if isinstance(shape, VariedShape) else shape.way
+    return method.evaluation_terms(batch, way, shape.pool, shape.shot, images, cache)
 
 
 def episode_accuracies(
     method: Method,
     split: ImageSplit,
-    shape: EpisodeShape,
+    shape: EpisodeShape | VariedShape,
     episodes: int,
     seed: int,
     device: torch.device,
@@ -102,7 +112,7 @@ def episode_accuracies(
     """
     method.eval()
     batches = seeded_episodes(split, shape, episodes, seed)  # before the solver's work
-    solve = method.solver(split, shape.shot, device, cache, stop)
+    solve = method.solver(split, shape_shot(shape), device, cache, stop)
     accuracies = []
     total = math.ceil(episodes / shape.episodes_per_batch)
     bar = tqdm(batches, total=total, desc="eval", unit="batch", disable=not progress, leave=False)
@@ -115,7 +125,7 @@ def episode_accuracies(
 def evaluate(
     method: Method,
     split: ImageSplit,
-    shape: EpisodeShape,
+    shape: EpisodeShape | VariedShape,
     episodes: int,
     seed: int,
     device: torch.device,

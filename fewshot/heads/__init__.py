@@ -1,4 +1,11 @@
-"""Few-shot classification heads: batched (query, support, labels, way, shot) -> logits."""
+"""Few-shot classification heads: batched (query, support, labels, way, shot) -> logits.
+
+The contract: head(query [B, nq, d], support [B, ns, d], support_labels [B, ns], way, shot,
+**options) -> logits [B, nq, way]. An integer `shot`: every episode holds each class 0..way-1
+exactly `shot` times (ns = way * shot). `shot=None`: unequal shots (Meta-Dataset's varied
+episodes), each class at least once in any counts, which may differ between the episodes of a
+batch (ns is their common sum); the heads then use each class's own count.
+"""
 
 from __future__ import annotations
 
@@ -44,7 +51,7 @@ TRANSDUCTIVE: frozenset[str] = frozenset({"bd-cspn", "tim", "pt-map"})
 ITERATIONS = ("steps", "max_iter")
 
 
-def check_head(name: str, way: int, shot: int, options: dict) -> None:
+def check_head(name: str, way: int, shot: int | None, options: dict) -> None:
     """Run a head or test-time classifier once on a tiny episode like this shape: its own
     checks (one-line FewshotErrors) refuse options and shapes it cannot take, before any data
     is read.
@@ -52,12 +59,14 @@ def check_head(name: str, way: int, shot: int, options: dict) -> None:
     The episode is at most 2-way (the heads' only limit on the shape: SVM and logistic need
     two classes) and 1-shot, so its cost does not grow with the settings: checking a
     million-way run must not allocate a million-way episode before the data has ruled that
-    way out. A classifier that iterates runs one iteration (when its count is valid), and
-    CL2N's base-class centre stands in as zeros.
+    way out. Unequal shots (shot None) are checked on one image per class, as shot None. A
+    classifier that iterates runs one iteration (when its count is valid), and CL2N's
+    base-class centre stands in as zeros.
     """
-    way, shot = min(way, 2), min(shot, 1)
-    support = torch.eye(way * shot).unsqueeze(0)  # independent features: any kernel is regular
-    labels = torch.arange(way).repeat_interleave(shot).unsqueeze(0)
+    way, per_class = min(way, 2), 1 if shot is None else min(shot, 1)
+    samples = way * per_class
+    support = torch.eye(samples).unsqueeze(0)  # independent features: any kernel is regular
+    labels = torch.arange(way).repeat_interleave(per_class).unsqueeze(0)
     classifier = CLASSIFIERS[name]
     defaults = inspect.signature(classifier).parameters
     quick = {}
@@ -66,7 +75,8 @@ def check_head(name: str, way: int, shot: int, options: dict) -> None:
         if isinstance(count, int) and not isinstance(count, bool) and count >= 1:
             quick[key] = 1
     if options.get("cl2n") is True and "center" not in options:
-        quick["center"] = torch.zeros(way * shot)
+        quick["center"] = torch.zeros(samples)
+    shot = None if shot is None else per_class  # unequal shots: the heads' own checks for them
     classifier(support[:, :1], support, labels, way, shot, **{**options, **quick})
 
 

@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from fewshot.heads.episode_inputs import check_query, support_one_hot
+from fewshot.heads.episode_inputs import check_query, class_means, support_one_hot
 from fewshot.heads.logistic import logistic
 from fewshot.heads.protonet import protonet
 from fewshot.runtime.errors import FewshotError
@@ -27,7 +27,7 @@ def centroid(
     support: torch.Tensor,
     support_labels: torch.Tensor,
     way: int,
-    shot: int,
+    shot: int | None,
     cl2n: bool = False,
     center: torch.Tensor | None = None,
 ) -> torch.Tensor:
@@ -63,13 +63,13 @@ def cosine(
     support: torch.Tensor,
     support_labels: torch.Tensor,
     way: int,
-    shot: int,
+    shot: int | None,
 ) -> torch.Tensor:
     """Return cos(query, class mean) [B, nq, way] in [-1, 1] (Meta-Baseline; the caller scales)."""
     one_hot = support_one_hot(support, support_labels, way, shot)
     check_query(query, support)
     # The means of the raw features, normalised after: Meta-Baseline's order.
-    prototypes = one_hot.transpose(1, 2) @ support / shot
+    prototypes = class_means(one_hot, support, shot)
     return F.normalize(query, dim=2) @ F.normalize(prototypes, dim=2).transpose(1, 2)
 
 
@@ -78,7 +78,7 @@ def finetune(
     support: torch.Tensor,
     support_labels: torch.Tensor,
     way: int,
-    shot: int,
+    shot: int | None,
     classifier: str = "linear",
     steps: int = 100,
     lr: float = 0.01,

@@ -58,7 +58,7 @@ def logistic(
     support: torch.Tensor,
     support_labels: torch.Tensor,
     way: int,
-    shot: int,
+    shot: int | None,
     C: float = 1.0,
     max_iter: int = 100,
     tol: float = 1e-6,

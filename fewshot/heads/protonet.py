@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from fewshot.heads.episode_inputs import check_query, support_one_hot
+from fewshot.heads.episode_inputs import check_query, class_means, support_one_hot
 
 
 def squared_distances(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -19,13 +19,13 @@ def protonet(
     support: torch.Tensor,
     support_labels: torch.Tensor,
     way: int,
-    shot: int,
+    shot: int | None,
     normalize_by_dim: bool = False,
 ) -> torch.Tensor:
     """Return -|query - prototype|^2 [B, nq, way] (divided by d if normalize_by_dim)."""
     one_hot = support_one_hot(support, support_labels, way, shot)
     check_query(query, support)
-    prototypes = one_hot.transpose(1, 2) @ support / shot
+    prototypes = class_means(one_hot, support, shot)
     sq_dist = squared_distances(query, prototypes)
     if normalize_by_dim:
         sq_dist = sq_dist / query.shape[2]

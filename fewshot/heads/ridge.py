@@ -13,7 +13,7 @@ def ridge(
     support: torch.Tensor,
     support_labels: torch.Tensor,
     way: int,
-    shot: int,
+    shot: int | None,
     lam: float = 50.0,
 ) -> torch.Tensor:
     """Return Q S^T (S S^T + lam I)^-1 Y [B, nq, way]: ridge regression onto one-hot targets."""

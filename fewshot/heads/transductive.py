@@ -15,7 +15,12 @@ import torch
 import torch.nn.functional as F
 
 from fewshot.heads.classifiers import cosine
-from fewshot.heads.episode_inputs import check_query, support_one_hot
+from fewshot.heads.episode_inputs import (
+    check_query,
+    class_counts,
+    class_means,
+    support_one_hot,
+)
 from fewshot.runtime.errors import FewshotError
 
 SINKHORN_MAX_ITERS = 1000  # PT-MAP's code: compute_optimal_transport's maxiters
@@ -28,7 +33,7 @@ def bd_cspn(
     support: torch.Tensor,
     support_labels: torch.Tensor,
     way: int,
-    shot: int,
+    shot: int | None,
     epsilon: float = 10.0,
     shift: bool = True,
 ) -> torch.Tensor:
@@ -68,7 +73,7 @@ def bd_cspn(
         )
         pseudo = F.one_hot(similarity[:, support.shape[1] :].argmax(2), way).to(one_hot)
         members = torch.cat([one_hot, pseudo], dim=1) > 0  # [B, ns + nq, way]
-        # Every class has its `shot` support samples: no column is all -inf.
+        # Every class has a support sample: no column is all -inf.
         scores = (epsilon * similarity).masked_fill(~members, float("-inf"))
         weights = torch.softmax(scores, dim=1)
         prototypes = weights.transpose(1, 2) @ torch.cat([support, query], dim=1)
@@ -80,7 +85,7 @@ def tim(
     support: torch.Tensor,
     support_labels: torch.Tensor,
     way: int,
-    shot: int,
+    shot: int | None,
     steps: int = 1000,
     lr: float = 1e-4,
     temperature: float = 15.0,
@@ -122,7 +127,7 @@ def tim(
         features = torch.cat([support, query], dim=1)  # [B, ns + nq, d]
         across = features.transpose(1, 2).contiguous()
         targets = one_hot.transpose(1, 2)  # class-major [B, way, ns], as the logits
-        weights = targets @ support / shot
+        weights = class_means(one_hot, support, shot)
         optimizer = torch.optim.Adam([weights], lr=lr)
         for _ in range(steps):
             weights.grad = _tim_gradient(
@@ -176,7 +181,7 @@ def pt_map(
     support: torch.Tensor,
     support_labels: torch.Tensor,
     way: int,
-    shot: int,
+    shot: int | None,
     beta: float = 0.5,
     lam: float = 10.0,
     alpha: float = 0.2,
@@ -229,12 +234,13 @@ def pt_map(
         support, query_features = features[:, :samples], features[:, samples:]
         # Class-major [B, way, ...] throughout: sums over the classes run along rows.
         labelled = one_hot.transpose(1, 2) @ support
-        centres = labelled / shot
+        counts = class_counts(one_hot, shot)
+        centres = labelled / counts
         column_mass = query.shape[1] / way
         for _ in range(steps):
             plan = _sinkhorn(-_neg_sq_distances(centres, query_features), lam, column_mass, tol)
             # The support's one-hot assignments and the queries' plan, as weights of a mean.
-            estimate = (labelled + plan @ query_features) / (shot + plan.sum(2, keepdim=True))
+            estimate = (labelled + plan @ query_features) / (counts + plan.sum(2, keepdim=True))
             centres = centres + alpha * (estimate - centres)
         plan = _sinkhorn(-_neg_sq_distances(centres, query_features), lam, column_mass, tol)
         logs = plan.clamp(min=torch.finfo(plan.dtype).tiny).log()
@@ -247,7 +253,7 @@ def _episode(
     support: torch.Tensor,
     support_labels: torch.Tensor,
     way: int,
-    shot: int,
+    shot: int | None,
 ) -> torch.Tensor:
     """Check an episode batch as the heads do, and that it has queries; return labels one-hot."""
     one_hot = support_one_hot(support, support_labels, way, shot)

@@ -11,7 +11,9 @@ from torch import nn
 
 from fewshot.backbones.arguments import describe_tensor
 from fewshot.datasets.base import ImageSplit
-from fewshot.datasets.batches import images_to_device
+from fewshot.datasets.batches import episode_images
+from fewshot.datasets.varied import VariedShape, index_shot
+from fewshot.methods.resplit import Shot
 from fewshot.runtime.memory import MemoryTerm
 from fewshot.runtime.shapes import shape_fault
 from fewshot.runtime.signals import Stop
@@ -38,6 +40,18 @@ def check_episodes(owner: str, images: Any, shot: Any, backbone: nn.Module) -> N
     if fault:
         raise ValueError(f"{owner} images {fault}")
     pool = images.shape[2]
+    if isinstance(shot, torch.Tensor):  # a varied episode's shots per class
+        if (
+            shot.shape != images.shape[:2]
+            or shot.is_floating_point()
+            or not bool(((shot >= 1) & (shot < pool)).all())
+        ):
+            raise ValueError(
+                f"{owner} shot of varied episodes must be integers [B, way] = "
+                f"{list(images.shape[:2])}, each 1 <= shot < pool = {pool}, got "
+                f"{describe_tensor(shot)}"
+            )
+        return
     if not isinstance(shot, int) or isinstance(shot, bool) or not 1 <= shot < pool:
         raise ValueError(
             f"{owner} shot must be an integer with 1 <= shot < pool = {pool} (the rest of each "
@@ -99,7 +113,9 @@ class Method(nn.Module):
 
     Images arrive as [B, way, pool, C, H, W] with the first `shot` of every class as the
     original support; `resplits` [U, B, way, pool] reorders each class's pool (first `shot`
-    entries = support) or is None for the original split alone.
+    entries = support) or is None for the original split alone. A varied episode (B = 1) has
+    a shot per class, `shot` [1, way], and padding after each class's queries
+    (fewshot.methods.resplit's layout).
     """
 
     amp: str = "auto"  # the backbone's autocast (fewshot.runtime.precision), resolved per call
@@ -108,7 +124,7 @@ class Method(nn.Module):
     source: str | None = None
 
     def forward(
-        self, images: torch.Tensor, resplits: torch.Tensor | None, shot: int
+        self, images: torch.Tensor, resplits: torch.Tensor | None, shot: Shot
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The mean query loss over the U*B problems and the query accuracy of each."""
         raise NotImplementedError
@@ -117,7 +133,9 @@ class Method(nn.Module):
         self, episodes: int, way: int, pool: int, shot: int, resplits: int, training: bool
     ) -> list[MemoryTerm]:
         """Lower bounds of what one batch of `episodes` holds on the method's device, part by
-        part, each with the setting that shrinks it ([]: no estimate, nothing is checked)."""
+        part, each with the setting that shrinks it ([]: no estimate, nothing is checked).
+        Varied episodes are sized as their largest: the largest way and shot, pool = that
+        shot + query (every term grows with each)."""
         return []
 
     def evaluation_terms(
@@ -146,10 +164,11 @@ class Method(nn.Module):
     def check_way(self, way: int) -> None:
         """Refuse episodes of a way the method cannot solve (any way, unless overridden)."""
 
-    def check_shot(self, shot: int) -> None:
-        """Refuse episodes of a shot the method cannot read (any shot, unless overridden)."""
+    def check_shot(self, shot: int | None) -> None:
+        """Refuse episodes of a shot the method cannot read (None: varied episodes, of unequal
+        shots; any, unless overridden)."""
 
-    def accuracy(self, images: torch.Tensor, shot: int) -> torch.Tensor:
+    def accuracy(self, images: torch.Tensor, shot: Shot) -> torch.Tensor:
         """Query accuracy of each test episode [B] (images [B, way, pool, C, H, W])."""
         raise NotImplementedError
 
@@ -189,13 +208,18 @@ class Method(nn.Module):
         raise NotImplementedError
 
     def solver(
-        self, split: ImageSplit, shot: int, device: torch.device, cache: bool, stop: Stop | None
+        self,
+        split: ImageSplit,
+        shot: int | VariedShape,
+        device: torch.device,
+        cache: bool,
+        stop: Stop | None,
     ) -> EpisodeSolver:
-        """How test episodes of `split` are solved; `cache` lets a method reuse work across
-        episodes where that is exact (embedding methods embed every image once)."""
+        """How test episodes of `split` (of this shot, or varied ones) are solved; `cache`
+        lets a method reuse work across episodes where that is exact (embedding methods embed
+        every image once)."""
 
         def solve(index: torch.Tensor) -> torch.Tensor:
-            images = images_to_device(split, index.flatten(), device)
-            return self.accuracy(images.view(*index.shape, *images.shape[1:]), shot)
+            return self.accuracy(episode_images(split, index, device), index_shot(index, shot))
 
         return solve

@@ -18,10 +18,11 @@ from torch import nn
 from fewshot.backbones import build_backbone
 from fewshot.backbones.footprint import activation_elements
 from fewshot.datasets.base import ImageSplit
-from fewshot.datasets.batches import images_to_device
+from fewshot.datasets.batches import episode_images, images_to_device
+from fewshot.datasets.varied import VariedShape, index_shot
 from fewshot.heads import CLASSIFIERS, HEADS, REGULARISATION, TRANSDUCTIVE
 from fewshot.methods.base import EpisodeSolver, Method, check_episodes, describe_scales
-from fewshot.methods.resplit import episode_loss
+from fewshot.methods.resplit import Shot, embed_varied, episode_loss
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.memory import MemoryTerm
 from fewshot.runtime.precision import autocast_dtype, precision_name
@@ -32,6 +33,8 @@ EMBED_BATCH = 512
 # The learned scale's starting value per head: Meta-Baseline's cosine logits start at 10
 # (cosines alone are too flat for a softmax); the distance heads start at 1.
 INITIAL_SCALES = {"cosine": 10.0}
+# (split, shot or varied shape, device, stop) -> the solver of the split's episodes.
+Adapter = Callable[[ImageSplit, int | VariedShape, torch.device, Stop | None], EpisodeSolver]
 
 
 class EmbeddingMethod(Method):
@@ -41,7 +44,7 @@ class EmbeddingMethod(Method):
     loss = "cross_entropy"  # of the query logits (see episode_loss)
     # A test-time classifier that fine-tunes the backbone on every episode (P>M>F, see
     # fewshot.methods.test_time_finetune): (split, shot, device, stop) -> the episodes' solver.
-    adapter: Callable[[ImageSplit, int, torch.device, Stop | None], EpisodeSolver] | None = None
+    adapter: Adapter | None = None
 
     def __init__(
         self,
@@ -84,9 +87,7 @@ class EmbeddingMethod(Method):
         self.head_name, self.head_fn = name, CLASSIFIERS[name]
         self.head_options, self.eval_head_options = dict(options), {}
 
-    def use_adapter(
-        self, adapter: Callable[[ImageSplit, int, torch.device, Stop | None], EpisodeSolver]
-    ) -> None:
+    def use_adapter(self, adapter: Adapter) -> None:
         """Solve test episodes with `adapter`, which adapts the backbone to each episode: no
         embedding is the same in two episodes, so there is no cache."""
         self.adapter, self.caches = adapter, False
@@ -120,22 +121,28 @@ class EmbeddingMethod(Method):
             "classifying them"
         )
 
+    def embed_episodes(self, images: torch.Tensor, shot: Shot) -> torch.Tensor:
+        """Embeddings [B, way, pool, d] of episodes' images [B, way, pool, C, H, W]; a varied
+        episode's padding is not embedded (zeros): BatchNorm sees its images alone."""
+        if not isinstance(shot, int):
+            return embed_varied(self.embed, images, shot)
+        b, way, pool = images.shape[:3]
+        return self.embed(images.flatten(0, 2)).view(b, way, pool, -1)
+
     def forward(
-        self, images: torch.Tensor, resplits: torch.Tensor | None, shot: int
+        self, images: torch.Tensor, resplits: torch.Tensor | None, shot: Shot
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Embed the pool once, then the U*B head problems of the re-splits in one head call."""
-        b, way, pool = images.shape[:3]
-        embeddings = self.embed(images.flatten(0, 2)).view(b, way, pool, -1)
+        embeddings = self.embed_episodes(images, shot)
         return episode_loss(
             embeddings, self.head, self.scale, shot, resplits, self.label_smoothing, self.loss
         )
 
     @torch.no_grad()
-    def accuracy(self, images: torch.Tensor, shot: int) -> torch.Tensor:
+    def accuracy(self, images: torch.Tensor, shot: Shot) -> torch.Tensor:
         """Query accuracy of each test episode, embedding its images."""
         check_episodes("EmbeddingMethod.accuracy", images, shot, self.backbone)
-        b, way, pool = images.shape[:3]
-        embeddings = self.embed(images.flatten(0, 2)).view(b, way, pool, -1)
+        embeddings = self.embed_episodes(images, shot)
         return episode_loss(embeddings, self.head, self.scale, shot)[1]
 
     @property
@@ -246,7 +253,12 @@ class EmbeddingMethod(Method):
         return torch.cat(chunks)
 
     def solver(
-        self, split: ImageSplit, shot: int, device: torch.device, cache: bool, stop: Stop | None
+        self,
+        split: ImageSplit,
+        shot: int | VariedShape,
+        device: torch.device,
+        cache: bool,
+        stop: Stop | None,
     ) -> EpisodeSolver:
         """With `cache`, episodes index the embeddings of every image, computed once; without,
         each batch's images are embedded. Either way the head is `episode_head`'s. An
@@ -257,12 +269,12 @@ class EmbeddingMethod(Method):
 
         @torch.no_grad()
         def solve(index: torch.Tensor) -> torch.Tensor:
+            shots = index_shot(index, shot)
             if features is None:
-                images = images_to_device(split, index.flatten(), device)
-                embeddings = self.embed(images).view(*index.shape, -1)
+                embeddings = self.embed_episodes(episode_images(split, index, device), shots)
             else:
-                embeddings = features[index.to(device)]
-            return episode_loss(embeddings, self.episode_head(index), self.scale, shot)[1]
+                embeddings = features[index.clamp(min=0).to(device)]
+            return episode_loss(embeddings, self.episode_head(index), self.scale, shots)[1]
 
         return solve
 

@@ -4,6 +4,11 @@ An episode's embeddings are laid out [B, way, pool, d] with pool = shot + query.
 is, for every class, a permutation of the pool whose first `shot` entries are support.
 The EHG loss is the mean query loss over U distinct re-splits; since the mean of gradients
 is the gradient of the mean, one backward gives the averaged meta-gradient.
+
+Varied episodes (fewshot.datasets.varied) come one per batch with a shot per class: `shot` is
+then a long tensor [1, way] and the pool is the largest shot + query, class c's row holding
+shot[c] support and `query` query entries, then padding that is never read. Their re-splits
+permute each class's own entries; heads get the support flat, with `shot=None`.
 """
 
 from __future__ import annotations
@@ -16,7 +21,29 @@ import torch
 import torch.nn.functional as F
 
 # head(query[B, nq, d], support[B, ns, d], support_labels[B, ns], way, shot) -> logits[B, nq, way]
+# (shot None: unequal shots, counted from the labels)
 Head = Callable[..., torch.Tensor]
+# An episode's shot: one for every class, or one per class of a varied episode [1, way].
+Shot = int | torch.Tensor
+
+
+def varied_entries(shots: torch.Tensor, pool: int) -> torch.Tensor:
+    """[1, way, pool] mask of a varied episode's support and query entries (not padding)."""
+    query = pool - int(shots.max())
+    return torch.arange(pool, device=shots.device) < shots[..., None] + query
+
+
+def embed_varied(
+    embed: Callable[[torch.Tensor], torch.Tensor], images: torch.Tensor, shots: torch.Tensor
+) -> torch.Tensor:
+    """Embeddings [1, way, pool, d] of a varied episode's images [1, way, pool, C, H, W]:
+    `embed` ([N, C, H, W] -> [N, d]) of its real entries alone, in one call, so that
+    BatchNorm's batch statistics are theirs; the padding's are zeros, never read."""
+    entries = varied_entries(shots.to(images.device), images.shape[2])
+    features = embed(images[entries])
+    embeddings = features.new_zeros(*entries.shape, features.shape[1])
+    embeddings[entries] = features
+    return embeddings
 
 
 def distinct_resplits(way: int, shot: int, query: int, at_most: int | None = None) -> int:
@@ -52,19 +79,48 @@ def draw_resplits(
     pool = shot + query
     perm = torch.rand(u, batch, way, pool, generator=generator).argsort(dim=-1)
     perm[0] = torch.arange(pool)
+
+    def draw(n: int) -> torch.Tensor:
+        return torch.rand(n, way, pool, generator=generator).argsort(dim=-1)
+
+    return _distinct(perm, shot, draw)
+
+
+def draw_varied_resplits(
+    shots: torch.Tensor, pool: int, u: int, generator: torch.Generator
+) -> torch.Tensor:
+    """U distinct re-splits [U, 1, way, pool] of a varied episode with `shots` [1, way] (see the
+    module): each class's shot + query entries permuted, its padding after them; 0 = original.
+    Uniform draws redrawn until distinct: the settings keep U at most a quarter of the fewest
+    re-splits a varied episode can have, (1 + query)^way, so each redraw mostly succeeds."""
+    way = shots.shape[1]
+    padding = ~varied_entries(shots, pool)[0]  # [way, pool]
+
+    def draw(n: int) -> torch.Tensor:
+        keys = torch.rand(n, way, pool, generator=generator).masked_fill(padding, float("inf"))
+        return keys.argsort(dim=-1)
+
+    perm = draw(u).unsqueeze(1)
+    perm[0] = torch.arange(pool)
+    return _distinct(perm, shots, draw)
+
+
+def _distinct(perm: torch.Tensor, shot: Shot, draw: Callable[[int], torch.Tensor]) -> torch.Tensor:
+    """Redraw (`draw(n)` -> n permutations [n, way, pool]) every re-split of `perm` that
+    repeats the support sets of an earlier one of its episode, until none does."""
     while True:
         dup = _repeats(perm, shot)
         if not dup.any():
             return perm
-        redraw = torch.rand(int(dup.sum()), way, pool, generator=generator).argsort(dim=-1)
-        perm[dup] = redraw
+        perm[dup] = draw(int(dup.sum()))
 
 
-def _repeats(perm: torch.Tensor, shot: int) -> torch.Tensor:
+def _repeats(perm: torch.Tensor, shot: Shot) -> torch.Tensor:
     """[U, B] mask: the re-split has the same support sets as an earlier one of its episode."""
     u, b, way, pool = perm.shape
-    support = torch.zeros(u, b, way, pool, dtype=torch.bool)
-    support.scatter_(3, perm[..., :shot], True)
+    limit = shot if isinstance(shot, int) else shot[..., None]
+    first = (torch.arange(pool) < limit).expand_as(perm)  # positions that are support
+    support = torch.zeros(u, b, way, pool, dtype=torch.bool).scatter_(3, perm, first)
     rows = support.flatten(2).numpy()
     dup = torch.zeros(u, b, dtype=torch.bool)
     for episode in range(b):
@@ -101,12 +157,12 @@ def _enumerated_resplits(
 
 
 def resplit_episodes(
-    embeddings: torch.Tensor, perm: torch.Tensor | None, shot: int
+    embeddings: torch.Tensor, perm: torch.Tensor | None, shot: Shot
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Form U*B head problems from embeddings [B, way, pool, d] and re-splits [U, B, way, pool].
 
     perm=None means the original split alone (U=1, no copy). Returns query [U*B, way*Q, d],
-    support [U*B, way*shot, d] and their labels.
+    support [U*B, way*shot, d] (a varied episode's: [U, sum of its shots, d]) and their labels.
     """
     b, way, pool, d = embeddings.shape
     if perm is None:
@@ -115,6 +171,8 @@ def resplit_episodes(
         u = perm.shape[0]
         index = perm.to(embeddings.device)[..., None].expand(u, b, way, pool, d)
         views = torch.gather(embeddings.expand(u, b, way, pool, d), 3, index)
+    if not isinstance(shot, int):
+        return _varied_problems(views.reshape(u, way, pool, d), shot)
     labels = torch.arange(way, device=embeddings.device)[:, None]
     support = views[..., :shot, :].reshape(u * b, way * shot, d)
     query = views[..., shot:, :].reshape(u * b, way * (pool - shot), d)
@@ -123,11 +181,33 @@ def resplit_episodes(
     return query, support, support_labels, query_labels
 
 
+def _varied_problems(
+    views: torch.Tensor, shots: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`resplit_episodes` of one varied episode's U views [U, way, pool, d] with `shots` [1, way]:
+    class c's first shots[c] entries are support, the next `query` its queries."""
+    u, way, pool, _ = views.shape
+    shots = shots[0].cpu()
+    query = pool - int(shots.max())
+    classes, places = (torch.arange(pool) < shots[:, None]).nonzero(as_tuple=True)
+    query_places = shots[:, None] + torch.arange(query)  # [way, query]
+    device = views.device
+    support = views[:, classes.to(device), places.to(device)]
+    queries = views[:, torch.arange(way, device=device)[:, None], query_places.to(device)]
+    query_labels = torch.arange(way, device=device).repeat_interleave(query)
+    return (
+        queries.flatten(1, 2),
+        support,
+        classes.to(device).expand(u, -1),
+        query_labels.expand(u, -1),
+    )
+
+
 def episode_loss(
     embeddings: torch.Tensor,
     head: Head,
     scale: torch.Tensor,
-    shot: int,
+    shot: Shot,
     perm: torch.Tensor | None = None,
     label_smoothing: float = 0.0,
     loss: str = "cross_entropy",
@@ -140,7 +220,8 @@ def episode_loss(
     """
     way = embeddings.shape[1]
     query, support, support_labels, query_labels = resplit_episodes(embeddings, perm, shot)
-    logits = scale * head(query, support, support_labels, way, shot)
+    head_shot = shot if isinstance(shot, int) else None
+    logits = scale * head(query, support, support_labels, way, head_shot)
     if loss == "mse":
         targets = F.one_hot(query_labels, way).to(logits.dtype)
         value = F.mse_loss(torch.sigmoid(logits), targets)

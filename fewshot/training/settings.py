@@ -22,6 +22,14 @@ from fewshot.datasets import (
 )
 from fewshot.datasets.augment import PAPER_PADDING
 from fewshot.datasets.base import ImageSplit
+from fewshot.datasets.sampler import EpisodeShape
+from fewshot.datasets.varied import (
+    MAX_SUPPORT,
+    VARIED_HELP,
+    VariedShape,
+    check_varied_options,
+    varied_shape,
+)
 from fewshot.heads import HEADS, check_head
 from fewshot.methods import (
     METHODS,
@@ -238,8 +246,13 @@ class RunSettings:
         must have."""
         return [
             (self.train_split, self.train_per_class),
-            (self.val_split, self.val_shot + self.val_query),
+            (self.val_split, self.val_per_class),
         ]
+
+    @property
+    def val_per_class(self) -> int:
+        """The images every validation class must have: an episode's shot + query."""
+        return self.val_shot + self.val_query
 
     def lr_factor(self, epoch: int) -> float:
         """Learning-rate multiplier in `epoch` (0-based) under the step schedule."""
@@ -286,17 +299,42 @@ class TrainSettings(RunSettings):
         help="start the backbone from this fewshot pretrain checkpoint (Meta-Baseline; "
         "embedding method)",
     )
-    way: int = setting(5, help="classes per training episode", low=1)
-    shot: int = setting(1, help="support images per class", low=1)
+    way: int = setting(5, help="classes per training episode (with --varied: the fewest)", low=1)
+    shot: int = setting(1, help="support images per class (with --varied: the most)", low=1)
     query: int = setting(15, help="query images per class", low=1)
+    varied: bool = setting(False, help=f"{VARIED_HELP}; validation's too")
+    max_way: int | None = setting(None, help="--varied: the largest way (default: --way)", low=1)
+    max_support: int = setting(
+        MAX_SUPPORT, help="--varied: the most support images of an episode", low=1
+    )
     episodes_per_epoch: int = setting(1000, help="training episodes per epoch", low=1)
     episodes_per_batch: int = setting(2, help="episodes per optimizer step", low=1)
     resplits: int = setting(1, help="U: re-splits of every episode (EHG); 1 = plain", low=1)
 
     @property
     def train_per_class(self) -> int:
-        """The images every training class must have: an episode's shot + query."""
-        return self.shot + self.query
+        """The images every training class must have: an episode's shot (one, varied) + query."""
+        return (1 if self.varied else self.shot) + self.query
+
+    @property
+    def val_per_class(self) -> int:
+        """The images every validation class must have, as `train_per_class`."""
+        return (1 if self.varied else self.val_shot) + self.val_query
+
+    @property
+    def train_shape(self) -> EpisodeShape | VariedShape:
+        """The training episodes."""
+        if self.varied:
+            return varied_shape(self)
+        return EpisodeShape(self.way, self.shot, self.query, self.episodes_per_batch)
+
+    @property
+    def val_shape(self) -> EpisodeShape | VariedShape:
+        """The validation episodes (in batches of 8 where they are fixed)."""
+        if self.varied:
+            shape = varied_shape(self)
+            return replace(shape, way=self.val_way, shot=self.val_shot, query=self.val_query)
+        return EpisodeShape(self.val_way, self.val_shot, self.val_query, 8)
 
     @classmethod
     def defaults_for(cls, values: dict) -> list[tuple[str, dict]]:
@@ -320,10 +358,25 @@ class TrainSettings(RunSettings):
         self.val_shot = self.val_shot or self.shot
         self.val_query = self.val_query or self.query
         self._check_common()
+        check_varied_options(self)
         self._check_relations()
+
+    def _check_varied_resplits(self) -> None:
+        """U at most a quarter of the re-splits of the smallest varied episode, one shot a
+        class: (1 + query)^way (see draw_varied_resplits)."""
+        fewest = distinct_resplits(self.way, 1, self.query, at_most=4 * self.resplits)
+        if 4 * self.resplits > fewest:
+            raise SettingError(
+                "resplits",
+                f"must be <= {fewest // 4} with --varied: a quarter of the (1 + query)^way = "
+                f"{fewest} re-splits of a {self.way}-way 1-shot {self.query}-query episode, "
+                f"got {self.resplits}",
+            )
 
     def _check_relations(self) -> None:
         """Checks that involve several fields."""
+        if self.varied:
+            self._check_varied_resplits()
         if self.episodes_per_epoch % self.episodes_per_batch:
             raise SettingError(
                 "episodes_per_epoch",
@@ -331,7 +384,7 @@ class TrainSettings(RunSettings):
                 f"got {self.episodes_per_epoch}",
             )
         limit = distinct_resplits(self.way, self.shot, self.query, at_most=self.resplits)
-        if self.resplits > limit:
+        if self.resplits > limit and not self.varied:
             raise SettingError(
                 "resplits",
                 f"must be <= {limit}, the distinct re-splits of a {self.way}-way {self.shot}-shot "

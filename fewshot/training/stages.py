@@ -7,10 +7,11 @@ from __future__ import annotations
 import torch
 
 from fewshot.datasets.base import ImageSplit
-from fewshot.datasets.sampler import EpisodeSampler, EpisodeShape, ImageBatchSampler
+from fewshot.datasets.sampler import ImageBatchSampler
+from fewshot.datasets.varied import VariedShape, episode_sampler, episode_shots
 from fewshot.methods import Method, build_method
 from fewshot.methods.pretraining import build_pretrain_method
-from fewshot.methods.resplit import draw_resplits
+from fewshot.methods.resplit import draw_resplits, draw_varied_resplits
 from fewshot.runtime.distributed import Distributed
 from fewshot.runtime.memory import MemoryTerm
 from fewshot.training.settings import PretrainSettings, RunSettings, TrainSettings
@@ -26,10 +27,7 @@ class EpisodeBatches:
 
     def __init__(self, settings: TrainSettings, data: ImageSplit, seed: int):
         self.settings = settings
-        shape = EpisodeShape(
-            settings.way, settings.shot, settings.query, settings.episodes_per_batch
-        )
-        self.sampler = EpisodeSampler(data.labels, shape, seed, data.source)
+        self.sampler = episode_sampler(data.labels, settings.train_shape, seed, data.source)
         self.steps_per_epoch = settings.episodes_per_epoch // settings.episodes_per_batch
 
     def config(self, data: ImageSplit) -> dict:
@@ -42,15 +40,19 @@ class EpisodeBatches:
 
     def memory_terms(self, method: Method, world: int) -> list[MemoryTerm]:
         """Lower bounds of one training step of this process."""
-        s = self.settings
+        s, shape = self.settings, self.settings.train_shape
         episodes = s.episodes_per_batch // world
-        return method.memory_terms(episodes, s.way, s.shot + s.query, s.shot, s.resplits, True)
+        way = shape.max_way if isinstance(shape, VariedShape) else shape.way
+        return method.memory_terms(episodes, way, shape.pool, s.shot, s.resplits, True)
 
     def draw(
         self, resplit: torch.Generator, dist: Distributed, device: torch.device
-    ) -> tuple[torch.Tensor, tuple]:
-        """This rank's image indices [b, way, pool] and the method's other arguments."""
+    ) -> list[tuple[torch.Tensor, tuple]]:
+        """This rank's image indices [b, way, pool] and the method's other arguments: one such
+        part, or one per episode for varied episodes (each has its own way)."""
         s = self.settings
+        if s.varied:  # torchrun is refused for them (see the trainer)
+            return [self._varied_episode(resplit) for _ in range(s.episodes_per_batch)]
         index = self.sampler.sample()
         b, way, _ = index.shape
         resplits = None
@@ -59,7 +61,17 @@ class EpisodeBatches:
         share = rank_share(b, dist)
         if resplits is not None:
             resplits = resplits[:, share]
-        return index[share], (resplits, s.shot)
+        return [(index[share], (resplits, s.shot))]
+
+    def _varied_episode(self, resplit: torch.Generator) -> tuple[torch.Tensor, tuple]:
+        """One varied episode [1, way, pool] with its re-splits and shots per class [1, way]."""
+        s = self.settings
+        index = self.sampler.sample()
+        shots = episode_shots(index, s.query)
+        resplits = None
+        if s.resplits > 1:
+            resplits = draw_varied_resplits(shots, index.shape[2], s.resplits, resplit)
+        return index, (resplits, shots)
 
 
 class ImageBatches:
@@ -84,10 +96,10 @@ class ImageBatches:
 
     def draw(
         self, resplit: torch.Generator, dist: Distributed, device: torch.device
-    ) -> tuple[torch.Tensor, tuple]:
-        """This rank's image indices [n] and their labels on the device."""
+    ) -> list[tuple[torch.Tensor, tuple]]:
+        """This rank's image indices [n] and their labels on the device (one part)."""
         index = self.sampler.sample()[rank_share(self.settings.batch_size, dist)]
-        return index, (self.labels[index].to(device),)
+        return [(index, (self.labels[index].to(device),))]
 
 
 def batches_for(settings: RunSettings, data: ImageSplit, seed: int):

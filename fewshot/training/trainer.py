@@ -21,8 +21,8 @@ from tqdm import tqdm
 from fewshot.datasets import check_split, load_split
 from fewshot.datasets.augment import TrainAugment
 from fewshot.datasets.base import ImageSplit
-from fewshot.datasets.batches import images_to_device
-from fewshot.datasets.sampler import EpisodeSampler, EpisodeShape
+from fewshot.datasets.batches import episode_images
+from fewshot.datasets.varied import check_episode_shape
 from fewshot.evaluation.episodes import evaluate, evaluation_terms
 from fewshot.evaluation.metrics import metrics_row
 from fewshot.methods import Method
@@ -146,6 +146,10 @@ class Trainer:
         self.settings = settings
         dist = dist or Distributed()
         self.device, self.dist = device, dist
+        if dist.world > 1 and getattr(settings, "varied", False):
+            # A step of varied episodes is several forward passes before one backward, which
+            # DDP's gradient hooks do not take.
+            raise FewshotError("--varied episodes train in one process: run without torchrun")
         if init is None and not resume:
             init = init_backbone(settings)  # checked before any data is read
         # Validated as the model will be evaluated: normalised as its training images.
@@ -153,11 +157,9 @@ class Trainer:
         self.train_data = settings.normalized(train)  # a library backbone's own, if it applies
         self.val_data = replace(val, mean=self.train_data.mean, std=self.train_data.std)
         self.batches = batches_for(settings, self.train_data, settings.seed)  # checks the shape
-        self.val_shape = EpisodeShape(settings.val_way, settings.val_shot, settings.val_query, 8)
+        self.val_shape = settings.val_shape
         # Refuse now, not after an epoch, a validation shape the validation split cannot give.
-        EpisodeSampler(
-            self.val_data.labels, self.val_shape, settings.val_seed, self.val_data.source
-        )
+        check_episode_shape(self.val_data.labels, self.val_shape, self.val_data.source)
         torch.manual_seed(settings.seed)
         self.config = {
             **settings.to_dict(),
@@ -252,15 +254,15 @@ class Trainer:
         Raises Diverged, leaving weights and optimizer state untouched, when the loss or a
         gradient is not finite (with fp16 the AMP scaler already skips inf/nan gradients).
         """
-        index, arguments = self.batches.draw(self.streams.resplit, self.dist, self.device)
-        images = images_to_device(
-            self.train_data,
-            index.flatten(),
-            self.device,
-            self.augment,
-            self.settings.channels_last,
-        )
-        loss, acc = self.forward(images.view(*index.shape, *images.shape[1:]), *arguments)
+        losses, accuracies = [], []
+        for index, arguments in self.batches.draw(self.streams.resplit, self.dist, self.device):
+            images = episode_images(
+                self.train_data, index, self.device, self.augment, self.settings.channels_last
+            )
+            loss, acc = self.forward(images, *arguments)
+            losses.append(loss)
+            accuracies.append(acc)
+        loss, acc = torch.stack(losses).mean(), torch.cat(accuracies)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
         finite = torch.isfinite(loss)
