@@ -112,15 +112,21 @@ def test_anil_is_maml_restricted_to_the_classifier():
     assert reference["network.backbone.encoder.0.0.weight"].abs().sum() > 0  # reaches the backbone
 
 
-def test_imaml_is_the_implicit_gradient_at_the_adapted_weights():
-    # lam large enough for H + lam I to be positive definite (asserted below): the system iMAML
-    # solves, which conjugate gradient solves exactly.
-    lam, steps, lr = 10.0, 30, 0.05
-    model = method("imaml", inner_steps=steps, inner_lr=lr, proximal=lam, solver_steps=200)
+@pytest.mark.parametrize("lam, mu", [(10.0, None), (2.0, 24.0)])
+def test_imaml_is_the_implicit_gradient_at_the_adapted_weights(lam, mu):
+    # mu (solver_proximal; None: lam) large enough for H + mu I to be positive definite
+    # (asserted below): the system iMAML solves, which conjugate gradient solves exactly. The
+    # damped case is the iMAML authors' code's system at lam = 2: (I + H / 24) x = g.
+    steps, lr = 30, 0.05
+    options = {} if mu is None else {"solver_proximal": mu}
+    model = method(
+        "imaml", inner_steps=steps, inner_lr=lr, proximal=lam, solver_steps=200, **options
+    )
     images = episodes(batch=1)
     ours = meta_gradient(model, images)
     # Reference: theta_K by plain gradient descent on the proximal support loss, then
-    # lam (H + lam I)^-1 grad of the query loss, with H the explicit Hessian of the support loss.
+    # mu (H + mu I)^-1 grad of the query loss, with H the explicit Hessian of the support loss.
+    mu = lam if mu is None else mu
     names = [k[len("network.") :] for k, _ in model.named_parameters()]
     init = [p.detach() for p in model.parameters()]
     shapes = [p.shape for p in init]
@@ -142,14 +148,14 @@ def test_imaml_is_the_implicit_gradient_at_the_adapted_weights():
         loss = support_loss(theta) + lam / 2 * ((theta - phi) ** 2).sum()
         theta = (theta - lr * torch.autograd.grad(loss, theta)[0]).detach()
     hessian = torch.autograd.functional.hessian(support_loss, theta)
-    assert torch.linalg.eigvalsh(hessian).min() > -lam
+    assert torch.linalg.eigvalsh(hessian).min() > -mu
     theta = theta.requires_grad_()
     query_loss = F.cross_entropy(
         functional_call(model.network, unflat(theta), (query,)),
         torch.arange(WAY).repeat_interleave(QUERY),
     )
     g = torch.autograd.grad(query_loss, theta)[0]
-    expected = lam * torch.linalg.solve(hessian + lam * torch.eye(len(phi), dtype=phi.dtype), g)
+    expected = mu * torch.linalg.solve(hessian + mu * torch.eye(len(phi), dtype=phi.dtype), g)
     flat_ours = torch.cat([ours[f"network.{n}"].flatten() for n in names])
     torch.testing.assert_close(flat_ours, expected, rtol=1e-6, atol=1e-8)
 
@@ -176,6 +182,13 @@ def test_the_engine_gives_imaml_closed_form_for_a_linear_head_with_squared_loss(
     theta = torch.linalg.solve(a, x.T @ y / len(y) + lam * phi)
     expected = lam * torch.linalg.solve(a, xv.T @ (xv @ theta - yv))
     torch.testing.assert_close(result.grad, expected, rtol=1e-6, atol=1e-10)
+    # Damped: (H + damping I) v = b, H the inner Hessian (proximal term included).
+    damped = aid_cg(
+        problem, lambda p: p, phi, (x, y), (xv, yv), steps=400, solver_steps=4, damping=0.5
+    )
+    b = xv.T @ (xv @ theta - yv)
+    expected = lam * torch.linalg.solve(a + 0.5 * torch.eye(4, dtype=x.dtype), b)
+    torch.testing.assert_close(damped.grad, expected, rtol=1e-6, atol=1e-10)
 
 
 @pytest.mark.parametrize("variant", ["maml", "fomaml", "anil", "imaml"])

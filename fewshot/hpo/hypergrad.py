@@ -252,11 +252,14 @@ def aid_cg(
     solver_steps: int,
     gen: Generator = None,
     per_problem: bool = False,
+    damping: float = 0.0,
 ) -> Hypergradient:
     """Implicit differentiation; H v = b solved by `solver_steps` conjugate-gradient iterations.
 
     `per_problem`: theta's leaves carry a leading axis of independent problems (their Hessian is
     block diagonal), each solved by its own conjugate gradient, as if one at a time.
+    `damping`: solve (H + damping I) v = b instead (Tikhonov damping, as in Hessian-free
+    optimisation: a system far from positive definite, or ill conditioned, made tractable).
     """
 
     def dot(a: Tree, b: Tree) -> torch.Tensor:
@@ -283,6 +286,8 @@ def aid_cg(
             if not live.any():  # every problem has stopped
                 break
             h_dir = hvp(direction)
+            if damping:
+                h_dir = tree_add(h_dir, direction, damping)
             curvature = dot(direction, h_dir)
             # A direction of non-positive curvature: H is not positive definite there, and CG's
             # step along it would be meaningless; the problem keeps what it has (Newton-CG's

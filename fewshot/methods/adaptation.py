@@ -17,7 +17,7 @@ learn2learn): the network keeps no running statistics.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -25,9 +25,10 @@ from torch import nn
 from torch.func import functional_call, replace_all_batch_norm_modules_, vmap
 
 from fewshot.backbones import build_backbone
+from fewshot.backbones.conv4 import Conv4
 from fewshot.backbones.footprint import activation_elements
 from fewshot.hpo.hypergrad import Bilevel, aid_cg, rhg
-from fewshot.hpo.trees import Tree, tree_detach, tree_flatten
+from fewshot.hpo.trees import Tree, tree_detach, tree_flatten, tree_map
 from fewshot.methods.base import Method, check_episodes, describe_scales
 from fewshot.methods.batching import (
     check_batching,
@@ -36,7 +37,7 @@ from fewshot.methods.batching import (
     replica,
     resolve_batching,
 )
-from fewshot.methods.resplit import resplit_episodes
+from fewshot.methods.resplit import Shot, embed_varied, resplit_episodes
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.memory import MemoryTerm
 from fewshot.runtime.precision import autocast_dtype
@@ -82,9 +83,10 @@ class Network(nn.Module):
         return self.classifier(self.backbone(images))
 
 
-def _split(inputs: torch.Tensor, resplits: torch.Tensor | None, shot: int):
+def _split(inputs: torch.Tensor, resplits: torch.Tensor | None, shot: Shot):
     """Support [E, way*shot, ...] and query [E, way*Q, ...] of the U*B problems of inputs
-    [B, way, pool, ...], with their labels [way*shot] and [way*Q]."""
+    [B, way, pool, ...], with their labels [way*shot] and [way*Q]; a varied episode's (B = 1)
+    support [U, sum of shots, ...], its real entries alone, the same length in every problem."""
     b, way, pool = inputs.shape[:3]
     rest = inputs.shape[3:]
     query, support, support_labels, query_labels = resplit_episodes(
@@ -125,6 +127,7 @@ class AdaptationMethod(Method):
         solver_steps: int = 5,
         amp: str = "auto",
         batching: str = "auto",
+        solver_proximal: float | None = None,
     ):
         super().__init__()
         if variant not in VARIANTS:
@@ -136,6 +139,9 @@ class AdaptationMethod(Method):
         self.inner_steps, self.inner_lr, self.proximal = inner_steps, inner_lr, proximal
         self.eval_inner_steps = inner_steps if eval_inner_steps is None else eval_inner_steps
         self.solver_steps, self.batching = solver_steps, batching
+        # iMAML's meta-gradient is (I + H / solver_proximal)^-1 grad L_query: the paper's
+        # lambda = proximal unless damped (see build_imaml).
+        self.solver_proximal = proximal if solver_proximal is None else solver_proximal
         # Whether the last training step's support loss was finite at the initialisation.
         self.start_finite: torch.Tensor | bool = True
 
@@ -214,13 +220,17 @@ class AdaptationMethod(Method):
 
         return Bilevel(inner, outer, self.inner_lr)
 
-    def _inputs(self, images: torch.Tensor) -> torch.Tensor:
-        """What the problems adapt on: the images, or for ANIL the embeddings [B, way, pool, d]
-        of each episode's pool in one backbone pass (its BatchNorm statistics, as learn2learn's
-        ANIL), shared by the episode's U re-splits. Always in the calling thread, so that a
-        backbone drawing random numbers (DropBlock) draws them in one order."""
+    def _inputs(self, images: torch.Tensor, shot: Shot) -> torch.Tensor:
+        """What the problems adapt on: the images (`_split` takes a varied episode's real
+        ones, so the network never sees its padding), or for ANIL the embeddings
+        [B, way, pool, d] of each episode's pool in one backbone pass (its BatchNorm
+        statistics, as learn2learn's ANIL; a varied episode's real images alone), shared by the
+        episode's U re-splits. In the calling thread (so that a backbone drawing random numbers,
+        DropBlock, draws them in one order) unless `_embeds_in_threads`."""
         if self.variant != "anil":
             return images
+        if not isinstance(shot, int):
+            return embed_varied(lambda x: self._run(self.network.backbone, x), images, shot)
         # A loop: on a CPU, 1.8-2.4x faster than vmap or one pass over the whole batch
         # (measured on Conv-4, 32 episodes).
         b, way, pool = images.shape[:3]
@@ -228,7 +238,7 @@ class AdaptationMethod(Method):
         features = self._run(lambda x: torch.stack([backbone(e) for e in x]), images.flatten(1, 2))
         return features.view(b, way, pool, -1)
 
-    def _episodes(self, inputs: torch.Tensor, resplits: torch.Tensor | None, shot: int):
+    def _episodes(self, inputs: torch.Tensor, resplits: torch.Tensor | None, shot: Shot):
         """lam (the initialisation, and ANIL's embeddings), the train and validation data of
         the problems of `inputs` (see `_inputs`)."""
         lam: dict = {"init": dict(self.adapted().named_parameters())}
@@ -248,35 +258,55 @@ class AdaptationMethod(Method):
         return replica(self.adapted()) if threaded else self.adapted()
 
     def _chunks(
-        self, images: torch.Tensor, resplits: torch.Tensor | None
+        self, images: torch.Tensor, resplits: torch.Tensor | None, shot: Shot
     ) -> tuple[str, list[torch.Tensor], list[torch.Tensor | None]]:
-        """The `batching` resolved on the images' device, and the episodes' inputs (`_inputs`)
-        and re-splits in as many chunks as it runs side by side."""
+        """The `batching` resolved on the images' device, and the episodes' inputs (`_inputs`;
+        their images where `_embeds_in_threads`) and re-splits in as many chunks as it runs
+        side by side (one for a varied episode, B = 1: every batching takes it, threads as the
+        loop)."""
         batching = resolve_batching(self.batching, images.device.type)
         count = chunk_count(batching, len(images))
-        # Each chunk's own pass: its autograd graph shares nothing with another thread's.
-        inputs = [self._inputs(chunk) for chunk in images.tensor_split(count)]
+        chunks = list(images.tensor_split(count))
+        if not self._embeds_in_threads(count > 1):
+            # Each chunk's own pass: its autograd graph shares nothing with another thread's.
+            chunks = [self._inputs(chunk, shot) for chunk in chunks]
         splits = [None] * count if resplits is None else list(resplits.tensor_split(count, 1))
-        return batching, inputs, splits
+        return batching, chunks, splits
+
+    def _embeds_in_threads(self, threaded: bool) -> bool:
+        """Whether ANIL's chunks, run in threads, embed their images each in its own thread
+        (the backbone's forward then runs on every core, not on one): only for a backbone
+        whose forward draws no random numbers and counts nothing (Conv-4), so that the order
+        in which the threads run it changes nothing."""
+        return threaded and self.variant == "anil" and isinstance(self.network.backbone, Conv4)
 
     def _meta_gradient(
         self,
         inputs: torch.Tensor,
         resplits: torch.Tensor | None,
-        shot: int,
+        shot: Shot,
         batching: str,
         threaded: bool,
     ) -> _Part:
         """The meta-gradient of one chunk's problems. `threaded`: in a thread of its own, with
         its own replica of the adapted module, and ANIL's embedding gradients carried into the
-        backbone here (the caller's backward would run every chunk's in one thread)."""
+        backbone here (the caller's backward would run every chunk's in one thread), its images
+        embedded here too where `_embeds_in_threads`."""
+        if self._embeds_in_threads(threaded):
+            inputs = self._inputs(inputs, shot)
         lam, train, val, problems = self._episodes(inputs, resplits, shot)
         record: dict = {}
         problem = self._problem(problems, record, self._module(threaded), batching == "vmap")
         start = self._start(problems)
         if self.variant == "imaml":
             steps, solver = self.inner_steps, self.solver_steps
-            result = aid_cg(problem, start, lam, train, val, steps, solver, per_problem=True)
+            mu, damping = self.solver_proximal, self.solver_proximal - self.proximal
+            result = aid_cg(
+                problem, start, lam, train, val, steps, solver, per_problem=True, damping=damping
+            )
+            if damping:  # proximal (H + mu I)^-1 g, rescaled to (I + H / mu)^-1 g
+                grad = tree_map(lambda g: g * (mu / self.proximal), result.grad)
+                result = replace(result, grad=grad)
         else:
             first_order = self.variant == "fomaml"
             result = rhg(problem, start, lam, train, val, self.inner_steps, first_order=first_order)
@@ -292,11 +322,12 @@ class AdaptationMethod(Method):
         return _Part(pairs, result.outer_loss, record["accuracy"].view(u, -1), finite)
 
     def forward(
-        self, images: torch.Tensor, resplits: torch.Tensor | None, shot: int
+        self, images: torch.Tensor, resplits: torch.Tensor | None, shot: Shot
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """A loss whose gradient is the meta-gradient of the mean query loss of the U*B
         problems (its value is that loss), and the query accuracy of each problem."""
-        batching, inputs, splits = self._chunks(images, resplits)
+        self.check_way(images.shape[1])  # varied episodes draw their way: one line, not a crash
+        batching, inputs, splits = self._chunks(images, resplits, shot)
         threaded = len(inputs) > 1
 
         def part(i: int) -> _Part:
@@ -368,16 +399,20 @@ class AdaptationMethod(Method):
         advice = "; ".join(faults) or "lower one of them"
         return f"the inner adaptation diverged; its scale is set by {scales}: {advice}"
 
-    def accuracy(self, images: torch.Tensor, shot: int) -> torch.Tensor:
+    def accuracy(self, images: torch.Tensor, shot: Shot) -> torch.Tensor:
         """Query accuracy of each test episode after `eval_inner_steps` steps on its support."""
         check_episodes("AdaptationMethod.accuracy", images, shot, self.network.backbone)
         self.check_way(images.shape[1])
         with torch.no_grad():
-            batching, inputs, _ = self._chunks(images, None)
+            batching, inputs, _ = self._chunks(images, None, shot)
         threaded = len(inputs) > 1
 
         def part(i: int) -> torch.Tensor:
-            lam, train, val, problems = self._episodes(inputs[i], None, shot)
+            chunk = inputs[i]
+            if self._embeds_in_threads(threaded):
+                with torch.no_grad():
+                    chunk = self._inputs(chunk, shot)
+            lam, train, val, problems = self._episodes(chunk, None, shot)
             lam = tree_detach(lam)
             record: dict = {}
             problem = self._problem(problems, record, self._module(threaded), batching == "vmap")
@@ -488,9 +523,19 @@ def adaptation_builder(variant: str):
             proximal: float = 1.0,
             solver_steps: int = 5,
             batching: str = "auto",
+            solver_proximal: float | None = None,
         ) -> AdaptationMethod:
             """iMAML: K steps on the support loss + proximal/2 |theta - init|^2, AID-CG;
-            `batching` as in `fewshot.methods.batching`."""
+            `batching` as in `fewshot.methods.batching`. The meta-gradient solves
+            (I + H / solver_proximal) x = grad L_query with `solver_steps` CG steps, H the
+            support loss's Hessian at the adapted weights; solver_proximal defaults to
+            proximal (the paper's formula). A larger one damps the system: the iMAML authors'
+            code (imaml_dev) solves (2 I + H / (lambda + 10)) x = g, i.e. solver_proximal
+            = 2 (proximal + 10) = 24 at lambda = 2, with which its Omniglot results were run.
+            Undamped, the system is far from positive definite on a freshly initialised Conv-4
+            (support-Hessian eigenvalues of -95 to +95 in the BatchNorm-normalised conv weights,
+            lambda 2) and its CG solution is no descent direction: the model does not learn
+            (experiments/omniglot_zoo/README.md)."""
             check(settings, inner_steps, inner_lr, eval_inner_steps, batching)
             if not proximal > 0:
                 raise SettingError("method_options", f"proximal must be > 0, got {proximal}")
@@ -498,9 +543,14 @@ def adaptation_builder(variant: str):
                 raise SettingError(
                     "method_options", f"solver_steps must be >= 1, got {solver_steps}"
                 )
+            if solver_proximal is not None and not solver_proximal > 0:
+                raise SettingError(
+                    "method_options", f"solver_proximal must be > 0, got {solver_proximal}"
+                )
             return AdaptationMethod(
                 network(settings), settings["way"], variant, inner_steps, inner_lr,
                 eval_inner_steps, proximal, solver_steps, settings["amp"], batching,
+                solver_proximal,
             )  # fmt: skip
 
         return build_imaml
