@@ -63,6 +63,7 @@ def other_value(field: str, run: dict, settings: TrainSettings) -> dict:
         "resize": 32, "channels": 3,  # refused: they apply to --dataset folder
         "backbone_lr": settings.lr / 4, "freeze_backbone": True,
         "normalization": "backbone",  # refused: Conv-4 has no normalisation of its own
+        "varied": True, "max_way": 4, "max_support": 10,  # the last two refused without it
     }  # fmt: skip
     if field == "backbone":  # ResNet-12 takes four widths
         return {"backbone": "resnet12", "backbone_options": {"channels": [4, 4, 4, 4]}}

@@ -189,6 +189,11 @@ def test_seeded_varied_evaluation_does_not_depend_on_the_cache(omniglot_test):
         (["--max-way", "10"], "--max-way does not apply to fixed episodes"),
         (["--varied", "--way", "5", "--max-way", "4"], "--max-way must be at least --way 5"),
         (["--varied", "--max-way", "30", "--max-support", "20"], "--max-support must give one"),
+        (["--varied", "--method", "maml", "--max-way", "9"], "--max-way must be --way 5 for"),
+        (
+            ["--varied", "--method", "relation", "--method-options", '{"combine": "sum"}'],
+            "combine 'sum' reads episodes of one shot, not varied episodes",
+        ),
     ],
 )
 def test_varied_flags_are_checked_before_any_data(capsys, tmp_path, args, message):

@@ -35,8 +35,7 @@ def per_episode(settings: EpisodeSettings, paths: list[str]) -> tuple[str, list[
     dataset = settings.dataset or trained_on.pop()
     for method, config in models:
         settings.prepare(method, config)
-        method.check_way(settings.way)
-        method.check_shot(settings.shot)
+        settings.check_method(method)
         settings.check_cache(method, method_label(config))
     # Each model sees the images as it was trained to (its geometry, its normalisation).
     trained = [(config, path) for path, (_, config) in zip(files, models, strict=True)]

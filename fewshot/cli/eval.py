@@ -302,6 +302,18 @@ class EpisodeSettings(ModelSettings):
         default = CACHED_EPISODES_PER_BATCH if cache else EPISODES_PER_BATCH
         return replace(self.shape, episodes_per_batch=self.episodes_per_batch or default)
 
+    def check_method(self, method: Method) -> None:
+        """Refuse episodes `method` cannot read: of its way and shot, or varied ones (their
+        smallest and largest way, unequal shots)."""
+        shape = self.shape
+        if isinstance(shape, VariedShape):
+            method.check_way(shape.way)
+            method.check_way(shape.max_way)
+            method.check_shot(None)
+        else:
+            method.check_way(shape.way)
+            method.check_shot(shape.shot)
+
     def check_cache(self, method: Method, name: str) -> None:
         """Refuse --cache for `method` (named `name` in messages) where it has none (call this
         before reading data)."""
@@ -329,15 +341,15 @@ class EpisodeSettings(ModelSettings):
         if self.cache is not None or not method.caches:
             return None
         split, episodes = f"split {self.split!r}", f"the {self.episodes} episodes"
-        if self.varied:  # their sizes are drawn: the count is their largest
-            episodes = f"up to {episodes}"
+        # Varied episodes' sizes are drawn: the count is their largest.
+        count = f"up to {self.episode_images}" if self.varied else self.episode_images
         if self.cache_for(method, images):
             return (
                 f"evaluation cache: the {images} images of {split} embedded once, fewer than "
-                f"the {self.episode_images} of {episodes} (--no-cache: embed each episode)"
+                f"the {count} of {episodes} (--no-cache: embed each episode)"
             )
         return (
-            f"no evaluation cache: the {self.episode_images} images of {episodes} embedded, "
+            f"no evaluation cache: the {count} images of {episodes} embedded, "
             f"fewer than the {images} of {split} (--cache: embed the split once)"
         )
 
@@ -479,8 +491,7 @@ def run_eval(settings: EvalSettings) -> EvalResult:
     path = settings.result_path(checkpoint, label, record)
     out = prepare_output(path, settings.overwrite, json_differences(result_identity(record)))
     saved = settings.save_episodes and prepare_output(settings.save_episodes, settings.overwrite)
-    method.check_way(settings.way)
-    method.check_shot(settings.shot)
+    settings.check_method(method)
     [split] = settings.episode_splits(dataset, [(config, checkpoint)])
     record["cache"] = cache = settings.cache_for(method, len(split.labels))
     note = settings.cache_note(method, len(split.labels))

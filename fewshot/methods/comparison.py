@@ -36,8 +36,9 @@ class ComparisonMethod(EmbeddingMethod):
         self.loss = loss
         self.scale.requires_grad_(False)  # the comparison's own output is the logit
 
-    def check_shot(self, shot: int) -> None:
-        """Refuse episodes of a shot the comparison module cannot read (its `check_shot`)."""
+    def check_shot(self, shot: int | None) -> None:
+        """Refuse episodes of a shot the comparison module cannot read (its `check_shot`;
+        None: varied episodes, of unequal shots)."""
         check = getattr(self.comparator, "check_shot", None)
         if check is not None:
             check(shot)

@@ -93,9 +93,11 @@ class MatchingHead(nn.Module):
         support: torch.Tensor,
         support_labels: torch.Tensor,
         way: int,
-        shot: int,
+        shot: int | None,
     ) -> torch.Tensor:
-        """log P(class | query) [B, nq, way]."""
+        """log P(class | query) [B, nq, way]; any counts per class (shot None: unequal), the
+        attention summing each class's samples, the full context embeddings reading the
+        support as one sequence."""
         one_hot = support_one_hot(support, support_labels, way, shot)
         check_query(query, support)
         if self.fce:

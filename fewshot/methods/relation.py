@@ -4,7 +4,8 @@ targets.
 
 The paper sums a class's maps, so its model reads one shot count only (a 5-shot sum is five
 times anything a 1-shot model saw: 41 % on 5-shot episodes); the mean, the default here, keeps
-a class map on one scale for every shot, so one model serves 1 and 5 shots (`combine`)."""
+a class map on one scale for every shot, so one model serves 1 and 5 shots and varied
+episodes of unequal shots, which a sum refuses (`combine`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fewshot.heads.episode_inputs import check_query, support_one_hot
+from fewshot.heads.episode_inputs import check_query, class_counts, support_one_hot
 from fewshot.methods.comparison import ComparisonMethod
 from fewshot.methods.embedding import settings_backbone
 from fewshot.runtime.errors import FewshotError
@@ -65,9 +66,16 @@ class RelationHead(nn.Module):
             nn.Flatten(), nn.Linear(channels * side * side, hidden), nn.ReLU(), nn.Linear(hidden, 1)
         )
 
-    def check_shot(self, shot: int) -> None:
-        """Refuse episodes of a shot the module cannot read: a sum of another number of shots
-        than it was trained on is on another scale (any shot reads right with the mean)."""
+    def check_shot(self, shot: int | None) -> None:
+        """Refuse episodes of a shot the module cannot read (None: varied episodes, of unequal
+        shots): a sum of another number of shots than it was trained on is on another scale
+        (any shot reads right with the mean)."""
+        if self.combine == "sum" and shot is None:
+            raise FewshotError(
+                "relation with --method-options combine 'sum' reads episodes of one shot, not "
+                "varied episodes: a class map sums its shots, so classes of unequal shots are "
+                "on unequal scales (combine 'mean' reads them)"
+            )
         if self.shot is not None and shot != self.shot:
             raise FewshotError(
                 f"relation was trained with method_options combine 'sum' on {self.shot}-shot "
@@ -82,15 +90,18 @@ class RelationHead(nn.Module):
         support: torch.Tensor,
         support_labels: torch.Tensor,
         way: int,
-        shot: int,
+        shot: int | None,
     ) -> torch.Tensor:
-        """Relation scores (logits) [B, nq, way] of every query with every class."""
+        """Relation scores (logits) [B, nq, way] of every query with every class (shot None:
+        unequal shots, read by the mean alone)."""
         one_hot = support_one_hot(support, support_labels, way, shot)
         check_query(query, support)
         b, nq, _ = query.shape
         classes = one_hot.transpose(1, 2) @ support  # [B, way, d]: sums over the shots
         if self.combine == "mean":
-            classes = classes / shot
+            classes = classes / class_counts(one_hot, shot)
+        elif shot is None:
+            self.check_shot(shot)  # refuses: a sum's classes of unequal shots differ in scale
         # The first conv of a (class, query) pair's concatenated maps is the sum of its
         # halves' convs: each map is convolved once (way + nq per episode, not way * nq).
         conv = self.blocks[0][0]

@@ -20,8 +20,10 @@ import torch.nn.functional as F
 
 from fewshot.datasets.augment import TrainAugment, normalize
 from fewshot.datasets.base import ImageSplit
+from fewshot.datasets.varied import VariedShape, index_shot
 from fewshot.methods.base import EpisodeSolver
 from fewshot.methods.embedding import EmbeddingMethod, episode_seeds
+from fewshot.methods.resplit import Shot
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.precision import precision_name
 from fewshot.runtime.signals import Stop, check_stop
@@ -90,9 +92,10 @@ class PmfAdapter:
         self.validation: dict[float, float | None] = {}
 
     def __call__(
-        self, split: ImageSplit, shot: int, device: torch.device, stop: Stop | None
+        self, split: ImageSplit, shot: int | VariedShape, device: torch.device, stop: Stop | None
     ) -> EpisodeSolver:
-        """The solver of `split`'s episodes: each fine-tuned on its support, one at a time."""
+        """The solver of `split`'s episodes (of this shot, or varied ones): each fine-tuned on
+        its support, one at a time."""
         if self.lr is None:
             raise FewshotError("--classifier pmf has no learning rate yet: choose it first")
         jitter = JITTER if split.channels == 3 else 0.0
@@ -104,9 +107,11 @@ class PmfAdapter:
             seeds = episode_seeds(index, self.options.seed).tolist()
             for episode, seed in zip(index, seeds, strict=True):
                 check_stop(stop)  # an episode's fine-tuning is the unit of work here
-                raw = split.images[episode.flatten().cpu()].to(device)
+                # A varied episode's padding (-1) reads the first image, never used after.
+                raw = split.images[episode.flatten().clamp(min=0).cpu()].to(device)
                 raw = raw.view(*episode.shape, *raw.shape[1:])
-                accuracies.append(self.episode_accuracy(raw, split, shot, augment, seed))
+                shots = index_shot(episode[None], shot)
+                accuracies.append(self.episode_accuracy(raw, split, shots, augment, seed))
             return torch.stack(accuracies)
 
         return solve
@@ -115,21 +120,24 @@ class PmfAdapter:
         self,
         raw: torch.Tensor,
         split: ImageSplit,
-        shot: int,
+        shot: Shot,
         augment: TrainAugment,
         seed: int,
     ) -> torch.Tensor:
         """Query accuracy of an episode of uint8 images [way, pool, C, H, W] (the first
-        `shot` of each class its support) after fine-tuning on its support, augmented with
+        `shot` of each class its support; a varied episode's shots [1, way], padded as
+        fewshot.methods.resplit lays it out) after fine-tuning on its support, augmented with
         `seed`; the backbone's weights are back as they were after it."""
         images = normalize(raw.flatten(0, 1), split.mean, split.std).view(1, *raw.shape)
         backbone = self.model.backbone
         saved = {key: value.clone() for key, value in backbone.state_dict().items()}
         try:
             if self.lr > 0:  # lr 0 leaves the weights as they are: the model's own accuracy
-                support = images[0, :, :shot].flatten(0, 1)
+                limit = shot if isinstance(shot, int) else shot[0, :, None].to(raw.device)
+                in_pool = torch.arange(raw.shape[1], device=raw.device)
+                in_support = (in_pool < limit).expand(raw.shape[:2])  # [way, pool]
                 generator = torch.Generator().manual_seed(seed)
-                self.fit(raw[:, :shot].flatten(0, 1), support, shot, augment, generator)
+                self.fit(raw[in_support], images[0][in_support], shot, augment, generator)
             return self.model.accuracy(images, shot)[0]
         finally:
             backbone.load_state_dict(saved)  # copies in place: bit for bit, buffers included
@@ -138,15 +146,19 @@ class PmfAdapter:
         self,
         raw_support: torch.Tensor,
         support: torch.Tensor,
-        shot: int,
+        shot: Shot,
         augment: TrainAugment,
         generator: torch.Generator,
     ) -> None:
-        """`steps` SGD steps of the head's loss: prototypes of the support images [way*shot]
-        (normalised; `raw_support` the same as uint8) against copies augmented by `augment`
-        with `generator`."""
-        model, way = self.model, len(support) // shot
-        labels = torch.arange(way, device=support.device).repeat_interleave(shot)
+        """`steps` SGD steps of the head's loss: prototypes of the support images, class by
+        class (normalised; `raw_support` the same as uint8; `shot` per class, or a varied
+        episode's shots [1, way]), against copies augmented by `augment` with `generator`."""
+        model = self.model
+        if isinstance(shot, int):
+            way, counts, head_shot = len(support) // shot, shot, shot
+        else:  # unequal shots: the head counts each class's from the labels
+            way, counts, head_shot = shot.shape[-1], shot.flatten().to(support.device), None
+        labels = torch.arange(way, device=support.device).repeat_interleave(counts)
         optimizer = torch.optim.SGD(model.backbone.parameters(), lr=self.lr, momentum=MOMENTUM)
         scale = model.scale.detach()  # the head's learned scale stays as trained
         finite = torch.ones((), dtype=torch.bool, device=support.device)
@@ -162,7 +174,7 @@ class PmfAdapter:
                 # One forward for both: in eval mode an image's embedding is its own.
                 features = model.embed(torch.cat([support, pseudo]), checked=False)
                 prototypes, queries = features[None].split(len(support), dim=1)
-                logits = scale * model.head(queries, prototypes, labels[None], way, shot)[0]
+                logits = scale * model.head(queries, prototypes, labels[None], way, head_shot)[0]
                 loss = F.cross_entropy(logits, labels)
                 finite &= torch.isfinite(loss)  # on the device: no sync per step
                 optimizer.zero_grad(set_to_none=True)

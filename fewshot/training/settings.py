@@ -35,6 +35,7 @@ from fewshot.methods import (
     METHODS,
     TRAINING_DEFAULTS,
     UNUSED_SETTINGS,
+    Method,
     build_method,
     method_names,
 )
@@ -254,6 +255,11 @@ class RunSettings:
         """The images every validation class must have: an episode's shot + query."""
         return self.val_shot + self.val_query
 
+    @property
+    def val_shape(self) -> EpisodeShape | VariedShape:
+        """The validation episodes, in batches of 8."""
+        return EpisodeShape(self.val_way, self.val_shot, self.val_query, 8)
+
     def lr_factor(self, epoch: int) -> float:
         """Learning-rate multiplier in `epoch` (0-based) under the step schedule."""
         factor = 1.0
@@ -330,11 +336,11 @@ class TrainSettings(RunSettings):
 
     @property
     def val_shape(self) -> EpisodeShape | VariedShape:
-        """The validation episodes (in batches of 8 where they are fixed)."""
+        """The validation episodes (varied ones with --varied)."""
         if self.varied:
             shape = varied_shape(self)
             return replace(shape, way=self.val_way, shot=self.val_shot, query=self.val_query)
-        return EpisodeShape(self.val_way, self.val_shot, self.val_query, 8)
+        return super().val_shape
 
     @classmethod
     def defaults_for(cls, values: dict) -> list[tuple[str, dict]]:
@@ -360,6 +366,17 @@ class TrainSettings(RunSettings):
         self._check_common()
         check_varied_options(self)
         self._check_relations()
+
+    def _check_varied_method(self, method: Method) -> None:
+        """Refuse varied episodes that the method cannot read: the MAML family's classifier
+        has --way outputs, and a Relation model of summed maps reads one shot."""
+        if self.method in VARIANTS and self.max_way not in (None, self.way):
+            raise SettingError(
+                "max_way",
+                f"must be --way {self.way} for --method {self.method} (its classifier has "
+                f"--way outputs: only the shots vary), got {self.max_way}",
+            )
+        method.check_shot(None)
 
     def _check_varied_resplits(self) -> None:
         """U at most a quarter of the re-splits of the smallest varied episode, one shot a
@@ -410,6 +427,8 @@ class TrainSettings(RunSettings):
                 method = build_method({**asdict(self), "in_channels": channels, "image_size": side})
         except ValueError as e:  # the backbone's
             raise SettingError("backbone_options", str(e)) from None
+        if self.varied:
+            self._check_varied_method(method)
         if self.freeze_backbone and not method.head_parameters():
             raise SettingError(
                 "freeze_backbone", f"leaves nothing to train: {owner} has no weight besides it"
