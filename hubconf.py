@@ -2,7 +2,8 @@
 
 torch.hub.load(REPO, "resnet12", avg_pool=True) builds a backbone (REPO: a clone's path with
 source="local", or the GitHub owner/name); torch.hub.load(REPO, "protonet_conv4_omniglot")
-returns the trained model in eval mode (`maml_conv4_omniglot`: the MAML one;
+returns the trained model in eval mode (`maml_conv4_omniglot`, `fomaml_conv4_omniglot`,
+`anil_conv4_omniglot`, `imaml_conv4_omniglot`: the MAML family's;
 `matching_conv4_omniglot`, `relation_conv4_omniglot`: Matching and Relation Networks, one model
 per training shape, `shape="20way5shot"`).
 """
@@ -73,6 +74,28 @@ def maml_conv4_omniglot(
     classes within an hour of a 2-core CPU, in eval mode; `model.accuracy(images, shot)` adapts
     to each episode of images [B, 5, shot + query, 1, 28, 28] (support first, ink 1 on 0)."""
     return _zoo_model("maml_conv4_5way1shot_cpu", "maml_conv4_omniglot", pretrained, device)
+
+
+def fomaml_conv4_omniglot(
+    pretrained: bool = True, device: str | torch.device = "cpu"
+) -> AdaptationMethod:
+    """First-order MAML, trained as `maml_conv4_omniglot` (its CPU budget), used the same way."""
+    return _zoo_model("fomaml_conv4_5way1shot_cpu", "fomaml_conv4_omniglot", pretrained, device)
+
+
+def anil_conv4_omniglot(
+    pretrained: bool = True, device: str | torch.device = "cpu"
+) -> AdaptationMethod:
+    """ANIL (only the classifier adapts), trained as `maml_conv4_omniglot`, used the same way."""
+    return _zoo_model("anil_conv4_5way1shot_cpu", "anil_conv4_omniglot", pretrained, device)
+
+
+def imaml_conv4_omniglot(
+    pretrained: bool = True, device: str | torch.device = "cpu"
+) -> AdaptationMethod:
+    """iMAML (proximal inner steps, implicit meta-gradient), trained as `maml_conv4_omniglot`,
+    used the same way."""
+    return _zoo_model("imaml_conv4_5way1shot_cpu", "imaml_conv4_omniglot", pretrained, device)
 
 
 def _shaped_zoo_model(

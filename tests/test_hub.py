@@ -13,8 +13,9 @@ from fewshot.evaluation.episodes import evaluate
 from fewshot.runtime.io import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
-# The MAML zoo model: 91.79 ± 0.28 % over 2000 5-way 1-shot test episodes (seed 0).
-MAML_FLOOR = 89.0
+# The MAML family's zoo models over 2000 5-way 1-shot test episodes (seed 0): 91.80, 86.68,
+# 85.47, 86.76 % (experiments/omniglot_reproduction/); a floor under each, 200 episodes here.
+MAML_FLOOR = {"maml": 89.0, "fomaml": 83.0, "anil": 82.0, "imaml": 83.0}
 
 
 def test_backbones_build_through_the_hub():
@@ -42,15 +43,17 @@ def test_the_zoo_model_is_the_trained_checkpoint_and_classifies(omniglot_test):
     )
 
 
-def test_the_maml_zoo_model_adapts_to_real_episodes(omniglot_test):
-    model = torch.hub.load(str(REPO), "maml_conv4_omniglot", source="local")
-    saved = load_checkpoint(REPO / "models" / "omniglot" / "maml_conv4_5way1shot_cpu.pt")
+@pytest.mark.parametrize("variant", ["maml", "fomaml", "anil", "imaml"])
+def test_the_maml_family_zoo_models_adapt_to_real_episodes(omniglot_test, variant):
+    entry = f"{variant}_conv4_omniglot"
+    model = torch.hub.load(str(REPO), entry, source="local")
+    saved = load_checkpoint(REPO / "models" / "omniglot" / f"{variant}_conv4_5way1shot_cpu.pt")
     for key, value in model.state_dict().items():
         assert torch.equal(value, saved["model"][key]), key
-    assert not model.training and model.variant == "maml"
+    assert not model.training and model.variant == variant
     result = evaluate(model, omniglot_test, EpisodeShape(5, 1, 15, 8), 200, 0, torch.device("cpu"))
-    assert result.accuracy > MAML_FLOOR
-    untrained = torch.hub.load(str(REPO), "maml_conv4_omniglot", source="local", pretrained=False)
+    assert result.accuracy > MAML_FLOOR[variant]
+    untrained = torch.hub.load(str(REPO), entry, source="local", pretrained=False)
     untrained_result = evaluate(
         untrained, omniglot_test, EpisodeShape(5, 1, 15, 8), 200, 0, torch.device("cpu")
     )
@@ -108,6 +111,9 @@ def test_hub_keyword_arguments_are_checked_by_name():
     [
         "protonet_conv4_omniglot",
         "maml_conv4_omniglot",
+        "fomaml_conv4_omniglot",
+        "anil_conv4_omniglot",
+        "imaml_conv4_omniglot",
         "matching_conv4_omniglot",
         "relation_conv4_omniglot",
     ],
