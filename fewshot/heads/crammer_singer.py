@@ -24,7 +24,14 @@ H^-1 v is a product and a sum (a batched matrix-vector product, one GEMM call pe
 is 2x slower at 5-way and 4x at 20-way); the LAPACK codes are read once, at the end; a step goes
 99.5% of the way to the boundary, not 99% (one step fewer at 5-way 5-shot). On a GPU the
 convergence flag is read every GPU_CHECK_EVERY steps, not every step: a read stalls the launch
-queue.
+queue. In the head's forward+backward there (thread time, 6.9 ms; 2.8 ms with the solver
+replaced by a constant) the solver takes 4.2 ms: 7 steps, each a Newton factorisation (0.18 ms:
+the 40 Choleskys 0.06, their inverses 0.09, at LAPACK's cost for 25 x 25), two solves (0.03 ms
+each) and ~0.16 ms of element-wise operations, plus the start and the gradient's factorisation.
+The steps are set by the stopping rule (products s z held to tol^2): the gap falls from ~0.3 to
+~1e-10 by 20-40x a step, each step 0.96-0.99 of the way to the boundary; Gondzio's correctors,
+a step fraction of 0.9999, other start weights or floors, and an active-set crossover each left
+the count at 7 (the active set is identified only when the bound itself is met).
 
 The gradient comes from the optimality conditions at the solution (implicit differentiation, as
 OptNet): the backward pass solves one more Newton system with the final factorisation, so memory
