@@ -11,6 +11,9 @@ _.exc
 _.dependencies
 _.protonet_conv4_omniglot
 _.maml_conv4_omniglot
+_.fomaml_conv4_omniglot
+_.anil_conv4_omniglot
+_.imaml_conv4_omniglot
 _.matching_conv4_omniglot
 _.relation_conv4_omniglot
 
