@@ -222,6 +222,28 @@ def check_pretraining(out: Path, printed: str) -> None:
     assert len(record["ehg"]["20-way 5-shot"]["u5"]) == 2
 
 
+def check_pmf(out: Path, printed: str) -> None:
+    record = load(out / "results.json")
+    rows = record["rows"]
+    assert set(rows) == {
+        "U = 1",
+        "U = 5",
+        "U = 5 − U = 1",
+        "timm:resnet10t from scratch (no stage P), U = 1",
+    }
+    for arm in ("U = 1", "U = 5"):
+        head, tuned = rows[arm]["ProtoNet head"], rows[arm]["P>M>F fine-tuning"]
+        gain = tuned["accuracy"] - head["accuracy"]
+        assert rows[arm]["fine-tuning − head"]["mean"] == pytest.approx(gain, abs=1e-4)
+    ehg = rows["U = 5 − U = 1"]["ProtoNet head"]["mean"]
+    difference = (
+        rows["U = 5"]["ProtoNet head"]["accuracy"] - rows["U = 1"]["ProtoNet head"]["accuracy"]
+    )
+    assert ehg == pytest.approx(difference, abs=1e-4)
+    evals = load(out / "evals" / "u5_pmf.json")
+    assert evals["varied"] is True and evals["classifier"] == "pmf" and "pmf_lr" in evals
+
+
 def check_rehearsal(out: Path, printed: str) -> None:
     record = load(out / "runs" / "protonet_resnet12_1shot.run.json")
     assert record["status"] == 0 and record["peak_bytes"] > 0
@@ -354,6 +376,12 @@ DRIVERS = {
         ("results.json", "results.md"),
         check_pretraining,
     ),
+    "pmf_omniglot": Driver(
+        "experiments.pmf_omniglot.study",
+        ("--out", "{out}", *OMNIGLOT),
+        ("results.json", "results.md"),
+        check_pmf,
+    ),
     "resnet12_rehearsal": Driver(
         "experiments.resnet12_rehearsal.rehearsal",
         ("--out", "{out}", "--configs", "protonet_resnet12_1shot"),
@@ -368,7 +396,13 @@ DRIVERS = {
     ),
 }
 # Over ~20 s each on the project's loaded 2-core CPU.
-SLOW = {"ehg_convergence", "ehg_adaptation", "pretraining_omniglot", "resnet12_rehearsal"}
+SLOW = {
+    "ehg_convergence",
+    "ehg_adaptation",
+    "pmf_omniglot",
+    "pretraining_omniglot",
+    "resnet12_rehearsal",
+}
 # Modules of the study folders that are not drivers: the rehearsal's image generator.
 HELPERS = {"experiments.resnet12_rehearsal.synthetic"}
 

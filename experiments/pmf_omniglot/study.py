@@ -1,0 +1,184 @@
+"""P>M>F on Omniglot with EHG in its meta stage, paired on the same varied test episodes.
+
+The three stages of P>M>F (Hu et al., CVPR 2022), with a ResNet-12 pretrained here standing in
+for DINO (no weights can be downloaded on this machine):
+
+- P: `fewshot pretrain` of a narrow ResNet-12 on the Omniglot train classes;
+- M: ProtoNet meta-trained from it on Meta-Dataset-style varied episodes, with U = 1 and
+  U = 5 re-splits (EHG), the same seed, init and episodes;
+- F: each model tested on the same seeded varied test episodes with its own ProtoNet head and
+  with P>M>F's test-time fine-tuning of the backbone on each support (`--classifier pmf`, its
+  lr chosen on validation episodes of the unseen validation classes).
+
+Every test is `fewshot eval --per-episode` on the same episodes, so every difference is paired
+per episode (fewshot.evaluation.stats.paired_ci). Resumable: a finished run is skipped, an
+unfinished one resumed, an evaluation whose JSON exists read back. Writes results.md and
+results.json (--out).
+
+    python -m experiments.pmf_omniglot.study --runs RUNS    # from the repository root
+    python -m experiments.pmf_omniglot.study --smoke --out DIR    # the test suite's run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from experiments.cli_runs import (
+    config_overrides,
+    evaluate,
+    markdown_header,
+    markdown_row,
+    percent,
+    train,
+    write_results,
+)
+from experiments.smoke import add_smoke_flag, apply_smoke
+from fewshot.evaluation.stats import ci95, paired_ci
+
+HERE = Path(__file__).resolve().parent
+PRETRAIN = HERE / "pretrain_resnet12.json"
+META = HERE / "meta_resnet12.json"
+TIMM = HERE / "timm_resnet10t.json"
+TIMM_ROW = "timm:resnet10t from scratch (no stage P), U = 1"
+# The test episodes: as the meta stage's, on the test classes (way 5-20, shot 1-10, 5 queries).
+TEST = {"way": 5, "max_way": 20, "shot": 10, "max_support": 100, "query": 5}
+ARMS = {"U = 1": 1, "U = 5": 5}
+CLASSIFIERS = {"ProtoNet head": [], "P>M>F fine-tuning": ["--classifier", "pmf"]}
+# --smoke: one epoch of a few steps per run, a few test episodes, fine-tuning of two steps.
+SMOKE = {
+    "episodes": 3,
+    "epochs": 1,
+    "meta_episodes": 4,
+    "val_episodes": 2,
+    "pmf_steps": 2,
+    "pmf_val_episodes": 2,
+}
+
+
+def varied_flags(shape: dict) -> list[str]:
+    """The evaluation flags of varied episodes of `shape` (way and shot given apart)."""
+    flags = ["--varied"]
+    for key in ("max_way", "max_support", "query"):
+        flags += [f"--{key.replace('_', '-')}", str(shape[key])]
+    return flags
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Train what is missing, evaluate the four arms on the same episodes, write the tables."""
+    args = parse_args(argv)
+    sizes = {"epochs": args.epochs, "val_episodes": args.val_episodes}
+    pretrained = f"{args.runs}/omniglot_pmf_pretrain_resnet12"
+    train("pretrain", str(PRETRAIN), pretrained, args.epochs or config_epochs(PRETRAIN),
+          *config_overrides(args.data_root, **sizes))  # fmt: skip
+    meta_flags = config_overrides(args.data_root, episodes_per_epoch=args.meta_episodes, **sizes)
+    runs = {}
+    for arm, u in ARMS.items():
+        runs[arm] = f"{args.runs}/omniglot_pmf_meta_resnet12_u{u}"
+        flags = [*meta_flags, "--init", f"{pretrained}/last.pt", "--resplits", str(u)]
+        train("train", str(META), runs[arm], args.epochs or config_epochs(META), *flags)
+    runs[TIMM_ROW] = f"{args.runs}/omniglot_pmf_timm_resnet10t"
+    train("train", str(TIMM), runs[TIMM_ROW], args.epochs or config_epochs(TIMM), *meta_flags)
+    evals = Path(args.out) / "evals"
+    evals.mkdir(parents=True, exist_ok=True)
+    pmf = json.dumps({"steps": args.pmf_steps, "val_episodes": args.pmf_val_episodes})
+    accuracies = {}
+    for arm, run in runs.items():
+        for name, flags in CLASSIFIERS.items():
+            if arm == TIMM_ROW and flags:
+                continue  # a smoke-sized row: its own head only
+            flags = [*flags, "--classifier-options", pmf] if flags else []
+            stem = f"u{ARMS[arm]}" if arm in ARMS else "timm"
+            out = evals / f"{stem}_{'pmf' if flags else 'protonet'}.json"
+            accuracies[arm, name] = evaluate(
+                f"{run}/last.pt",
+                [*config_overrides(args.data_root), *varied_flags(TEST), *flags],
+                TEST["way"],
+                TEST["shot"],
+                args.episodes,
+                out,
+                per_batch=1,
+            )
+    results = summary(accuracies, args)
+    write_results(results, table(results), Path(args.out))
+
+
+def config_epochs(config: Path) -> int:
+    """The epochs a config trains."""
+    return json.loads(config.read_text())["epochs"]
+
+
+def summary(accuracies: dict, args: argparse.Namespace) -> dict:
+    """Every arm's accuracy ± CI and the paired differences, in percent."""
+
+    def cell(acc) -> dict:
+        return {"accuracy": 100 * float(acc.double().mean()), "ci95": 100 * ci95(acc)}
+
+    def diff(a, b) -> dict:
+        d = paired_ci(a, b)
+        return {"mean": 100 * d.mean, "ci95": 100 * d.ci95}
+
+    results = {"episodes": args.episodes, "test": TEST, "pmf_steps": args.pmf_steps, "rows": {}}
+    for arm in ARMS:
+        plain, tuned = (accuracies[arm, name] for name in CLASSIFIERS)
+        results["rows"][arm] = {
+            **{name: cell(accuracies[arm, name]) for name in CLASSIFIERS},
+            "fine-tuning − head": diff(plain, tuned),
+        }
+    results["rows"]["U = 5 − U = 1"] = {
+        name: diff(accuracies["U = 1", name], accuracies["U = 5", name]) for name in CLASSIFIERS
+    }
+    head = next(iter(CLASSIFIERS))
+    results["rows"][TIMM_ROW] = {head: cell(accuracies[TIMM_ROW, head])}
+    return results
+
+
+def table(results: dict) -> str:
+    """The markdown table of results.json."""
+    test = results["test"]
+    columns = [*CLASSIFIERS, "fine-tuning − head"]
+    lines = [
+        f"Accuracy ± 95% CI (%) on {results['episodes']} seeded varied Omniglot test episodes "
+        f"({test['way']}-{test['max_way']} ways, 1-{test['shot']} shots within "
+        f"{test['max_support']} support images, {test['query']} queries; seed 0); differences "
+        f"paired per episode. Fine-tuning: {results['pmf_steps']} steps, lr chosen on "
+        "validation episodes.",
+        "",
+        *markdown_header("meta stage", *columns),
+    ]
+    for arm, cells in results["rows"].items():
+        values = []
+        for column in columns:
+            if column not in cells:
+                values.append("")
+                continue
+            c = cells[column]  # an accuracy, or a paired difference (signed)
+            mean, half = c.get("accuracy", c.get("mean")), c["ci95"]
+            values.append(percent(mean / 100, half / 100, "accuracy" not in c))
+        lines.append(markdown_row(arm, *values))
+    return "\n".join(lines) + "\n"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The study's settings (from the command line unless `argv` is given)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=200, help="varied test episodes")
+    parser.add_argument("--epochs", type=int, help="of every run (default: the configs')")
+    parser.add_argument("--meta-episodes", type=int, help="per meta epoch (config's)")
+    parser.add_argument("--val-episodes", type=int, help="of every run (default: the configs')")
+    parser.add_argument("--pmf-steps", type=int, default=50, help="fine-tuning steps (paper's)")
+    parser.add_argument(
+        "--pmf-val-episodes", type=int, default=10, help="episodes choosing each lr"
+    )
+    parser.add_argument("--runs", default="runs", help="folder of the run folders")
+    parser.add_argument("--out", default=str(HERE), help="results folder")
+    parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
+    add_smoke_flag(parser)
+    args = parser.parse_args(argv)
+    apply_smoke(args, SMOKE, ("runs",))
+    return args
+
+
+if __name__ == "__main__":
+    main()
