@@ -40,10 +40,17 @@ from fewshot.evaluation.episodes import (
 from fewshot.heads import CLASSIFIERS, TRANSDUCTIVE, check_head
 from fewshot.methods.base import Method
 from fewshot.methods.embedding import EmbeddingMethod
+from fewshot.methods.feature_cache import FOLDER as FEATURES
 from fewshot.methods.test_time_finetune import PMF, PmfAdapter, PmfOptions, search_line
 from fewshot.runtime.device import device_setting, resolve_device
 from fewshot.runtime.errors import FewshotError
-from fewshot.runtime.io import atomic_write_json, file_sha256, json_differences, prepare_output
+from fewshot.runtime.io import (
+    atomic_write_json,
+    check_writable,
+    file_sha256,
+    json_differences,
+    prepare_output,
+)
 from fewshot.runtime.memory import check_memory
 from fewshot.runtime.precision import amp_setting, precision_name
 from fewshot.runtime.settings import (
@@ -461,6 +468,8 @@ def run_eval(settings: EvalSettings) -> EvalResult:
     device = resolve_device(settings.device)
     checkpoint = checkpoint_file(settings.checkpoint)
     method, config = load_trained(checkpoint, device)
+    if config.get("freeze_backbone"):
+        use_run_features(method, checkpoint)
     dataset = settings.dataset or config["dataset"]
     settings.prepare(method, config)
     # Everything the result depends on (the episodes per batch does not: see EPISODE_BLOCK).
@@ -514,6 +523,16 @@ def run_eval(settings: EvalSettings) -> EvalResult:
         print(f"episodes in {settings.save_episodes} (draw them with fewshot show)")
     print(result.line())
     return result
+
+
+def use_run_features(method: Method, checkpoint: Path) -> None:
+    """A frozen backbone's run: its evaluation cache reads (and adds to) the run folder's
+    feature cache, where that folder can be written."""
+    try:
+        check_writable(checkpoint.parent / FEATURES / ".probe")
+    except FewshotError:
+        return  # a read-only run: each evaluation embeds its split, as for any model
+    method.use_feature_cache(checkpoint.parent / FEATURES)
 
 
 def write_episodes(

@@ -4,6 +4,7 @@ accuracies. The trainer, the evaluator and the command line know only this inter
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -155,6 +156,12 @@ class Method(nn.Module):
         trained on their own when the backbone has its own learning rate or is frozen."""
         inside = {id(p) for p in self.backbone.parameters()}
         return [p for p in self.parameters() if id(p) not in inside and p.requires_grad]
+
+    def use_feature_cache(self, folder: str | Path) -> bool:
+        """Keep a frozen backbone's features of each split in `folder`, embedded once, and say
+        whether the method does (by default not: it reads more than one feature vector per
+        image, or adapts its backbone)."""
+        return False
 
     def divergence_advice(self) -> str:
         """What diverged in the last training step that gave a non-finite loss, and the

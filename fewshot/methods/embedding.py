@@ -11,6 +11,7 @@ import functools
 import hashlib
 import inspect
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -22,6 +23,7 @@ from fewshot.datasets.batches import episode_images, images_to_device
 from fewshot.datasets.varied import VariedShape, index_shot
 from fewshot.heads import CLASSIFIERS, HEADS, REGULARISATION, TRANSDUCTIVE
 from fewshot.methods.base import EpisodeSolver, Method, check_episodes, describe_scales
+from fewshot.methods.feature_cache import FeatureCache, backbone_digest
 from fewshot.methods.resplit import Shot, embed_varied, episode_loss
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.memory import MemoryTerm
@@ -45,6 +47,8 @@ class EmbeddingMethod(Method):
     # A test-time classifier that fine-tunes the backbone on every episode (P>M>F, see
     # fewshot.methods.test_time_finetune): (split, shot, device, stop) -> the episodes' solver.
     adapter: Adapter | None = None
+    # A frozen backbone's features on disk (`use_feature_cache`), else None: embedded anew.
+    feature_cache: FeatureCache | None = None
 
     def __init__(
         self,
@@ -133,7 +137,13 @@ class EmbeddingMethod(Method):
         self, images: torch.Tensor, resplits: torch.Tensor | None, shot: Shot
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Embed the pool once, then the U*B head problems of the re-splits in one head call."""
-        embeddings = self.embed_episodes(images, shot)
+        return self.embedded_loss(self.embed_episodes(images, shot), resplits, shot)
+
+    def embedded_loss(
+        self, embeddings: torch.Tensor, resplits: torch.Tensor | None, shot: Shot
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` from the episodes' embeddings [B, way, pool, d] (a varied episode's
+        padding is not read)."""
         return episode_loss(
             embeddings, self.head, self.scale, shot, resplits, self.label_smoothing, self.loss
         )
@@ -252,6 +262,24 @@ class EmbeddingMethod(Method):
             chunks.append(self.embed(images_to_device(split, index, device)))
         return torch.cat(chunks)
 
+    def use_feature_cache(self, folder: str | Path) -> bool:
+        """Keep the frozen backbone's features of every split in `folder` (FeatureCache): the
+        evaluation cache and `split_features` read them from there."""
+        self.feature_cache = FeatureCache(folder)
+        return True
+
+    def split_features(
+        self, split: ImageSplit, device: torch.device, stop: Stop | None = None
+    ) -> torch.Tensor:
+        """Embeddings [N, d] of every image of the split: from the feature cache where there
+        is one (memory-mapped, on the CPU), else computed on `device`."""
+        if self.feature_cache is None:
+            return self.embed_split(split, device, stop=stop)
+        digest = backbone_digest(self.backbone, precision_name(self.amp, device.type))
+        return self.feature_cache.features(
+            split, digest, lambda s: self.embed_split(s, device, stop=stop)
+        )
+
     def solver(
         self,
         split: ImageSplit,
@@ -260,12 +288,12 @@ class EmbeddingMethod(Method):
         cache: bool,
         stop: Stop | None,
     ) -> EpisodeSolver:
-        """With `cache`, episodes index the embeddings of every image, computed once; without,
-        each batch's images are embedded. Either way the head is `episode_head`'s. An
-        adapter (`use_adapter`) builds the solver instead."""
+        """With `cache`, episodes index the embeddings of every image, computed once (or read
+        from the feature cache); without, each batch's images are embedded. Either way the
+        head is `episode_head`'s. An adapter (`use_adapter`) builds the solver instead."""
         if self.adapter is not None:
             return self.adapter(split, shot, device, stop)
-        features = self.embed_split(split, device, stop=stop) if cache else None
+        features = self.split_features(split, device, stop).to(device) if cache else None
 
         @torch.no_grad()
         def solve(index: torch.Tensor) -> torch.Tensor:

@@ -59,7 +59,13 @@ class PretrainMethod(EmbeddingMethod):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Cross-entropy of images [N, C, H, W] against their classes [N], and whether each
         image was classified right [N]."""
-        logits = self.classifier(self.embed(images))
+        return self.embedded_loss(self.embed(images), labels)
+
+    def embedded_loss(
+        self, features: torch.Tensor, labels: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` from the images' features [N, d]."""
+        logits = self.classifier(features)
         loss = F.cross_entropy(logits, labels, label_smoothing=self.label_smoothing)
         return loss, (logits.argmax(dim=1) == labels).float()
 

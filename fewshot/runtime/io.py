@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy
 import torch
 
 from fewshot.runtime.errors import FewshotError, summary
@@ -93,6 +94,11 @@ def atomic_save_figure(figure: Any, path: str | os.PathLike, dpi: int) -> None:
     image = io.BytesIO()
     figure.savefig(image, dpi=dpi, format=Path(path).suffix.lower()[1:])
     atomic_write_bytes(image.getvalue(), path)
+
+
+def atomic_save_npy(array: Any, path: str | os.PathLike) -> None:
+    """numpy.save that never leaves a half-written .npy file."""
+    _atomic_replace(Path(path), lambda f: numpy.save(f, array, allow_pickle=False))
 
 
 def atomic_write_text(text: str, path: str | os.PathLike) -> None:

@@ -27,6 +27,7 @@ from fewshot.evaluation.episodes import evaluate, evaluation_terms
 from fewshot.evaluation.metrics import metrics_row
 from fewshot.methods import Method
 from fewshot.methods.batching import resolve_batching
+from fewshot.methods.feature_cache import FOLDER as FEATURES
 from fewshot.runtime.distributed import Distributed, any_rank, broadcast_from_main, gather_objects
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.events import EventLog
@@ -200,6 +201,9 @@ class Trainer:
         self.resumed = resume is not None
         self.stops = StopRequests()
         self.events = EventLog(None)  # opened by `fit`, on rank 0 only
+        # A frozen backbone's features of every training image, memory-mapped (`fit` reads
+        # them, see `_cache_features`); None: each step embeds its images.
+        self.train_features: torch.Tensor | None = None
         if resume:
             path, ckpt = resume
             self.progress = restore_training(
@@ -256,10 +260,14 @@ class Trainer:
         """
         losses, accuracies = [], []
         for index, arguments in self.batches.draw(self.streams.resplit, self.dist, self.device):
-            images = episode_images(
-                self.train_data, index, self.device, self.augment, self.settings.channels_last
-            )
-            loss, acc = self.forward(images, *arguments)
+            if self.train_features is None:
+                images = episode_images(
+                    self.train_data, index, self.device, self.augment, self.settings.channels_last
+                )
+                loss, acc = self.forward(images, *arguments)
+            else:  # a varied episode's padding (-1) takes the first image's, never read
+                features = self.train_features[index.cpu().clamp(min=0)].to(self.device)
+                loss, acc = self.method.embedded_loss(features, *arguments)
             losses.append(loss)
             accuracies.append(acc)
         loss, acc = torch.stack(losses).mean(), torch.cat(accuracies)
@@ -307,10 +315,25 @@ class Trainer:
                 atomic_write_json(self.config, self.run_dir / "config.json")
                 self._write_metrics()  # drops rows a killed run wrote after its checkpoint
                 self.events = stack.enter_context(self._open_events())
+            self.train_features = self._cache_features()
             while self.progress.epoch < self.settings.epochs:
                 self._train_epoch()
                 self._finish_epoch()
         return self.run_dir
+
+    def _cache_features(self) -> torch.Tensor | None:
+        """With a frozen backbone and no augmentation, every image of the train and validation
+        splits embedded once into the run folder's feature cache (reused on resume and by
+        `fewshot eval`), and the training features; None where each step must embed its
+        images (augmented, trained or torchrun's backbone, or a method that cannot cache)."""
+        s = self.settings
+        if not s.freeze_backbone or s.augment or self.dist.world > 1:
+            return None
+        if not self.method.use_feature_cache(self.run_dir / FEATURES):
+            return None
+        self.method.backbone.eval()  # frozen: as every step runs it
+        tqdm.write(f"embedding the frozen backbone's features once into {self.run_dir / FEATURES}")
+        return self.method.split_features(self.train_data, self.device, self._stop_signal)
 
     def _stop_signal(self) -> int | None:
         """The signal that asked this process to stop, if any."""

@@ -1,0 +1,69 @@
+"""A frozen backbone's features on disk: every image of a split embedded once, then
+memory-mapped by each training step, each validation and each later evaluation of the run.
+
+A file is named by everything its features depend on (the split's images and labels, their
+normalisation, the backbone's class, weights and buffers, and the precision it runs in), so a
+change to any of them names another file and a stale cache is never read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from fewshot.datasets.base import ImageSplit
+from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.io import atomic_save_npy
+
+# The folder of a run's cache, inside its run folder.
+FOLDER = "features"
+
+
+def backbone_digest(backbone: nn.Module, precision: str) -> str:
+    """SHA-256 of the backbone's class, every weight and buffer, and its precision."""
+    digest = hashlib.sha256(f"{type(backbone).__qualname__}:{precision}".encode())
+    for name, tensor in sorted(backbone.state_dict().items()):
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
+        digest.update(tensor.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+class FeatureCache:
+    """The .npy files of one folder, each a split's features [N, d] (float32) under one
+    backbone; `features` embeds a split only when its file is missing."""
+
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
+
+    def path(self, split: ImageSplit, backbone: str) -> Path:
+        """The file of `split`'s features under the backbone of digest `backbone`."""
+        digest = hashlib.sha256(f"{backbone}:{split.mean}:{split.std}".encode())
+        digest.update(split.fingerprint().encode())
+        return self.folder / f"{digest.hexdigest()[:32]}.npy"
+
+    def features(
+        self, split: ImageSplit, backbone: str, embed: Callable[[ImageSplit], torch.Tensor]
+    ) -> torch.Tensor:
+        """The features of every image of `split` (`embed(split)` once, written atomically),
+        memory-mapped from the file on the CPU."""
+        path = self.path(split, backbone)
+        if not path.exists():
+            atomic_save_npy(embed(split).float().cpu().numpy(), path)
+        try:  # copy-on-write: a writable view for torch, the file itself never written
+            mapped = np.load(path, mmap_mode="c", allow_pickle=False)
+        except (OSError, ValueError) as e:
+            raise FewshotError(
+                f"feature cache {path} cannot be read ({e}): delete it to embed the split again"
+            ) from None
+        if mapped.dtype != np.float32 or mapped.ndim != 2 or len(mapped) != len(split.labels):
+            raise FewshotError(
+                f"feature cache {path} holds {mapped.dtype} {mapped.shape}, not the float32 "
+                f"features of {split.source}'s {len(split.labels)} images: delete it to embed "
+                "the split again"
+            )
+        return torch.from_numpy(mapped)

@@ -1,0 +1,185 @@
+"""A frozen backbone's feature cache: every image embedded once into the run folder, read by
+each training step, each validation, a resumed run and `fewshot eval`, with the same losses
+and accuracies as embedding every step (real Omniglot images, 24 classes a split)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from trainers import make_trainer
+
+from fewshot.cli.main import main
+from fewshot.methods.embedding import EmbeddingMethod
+from fewshot.methods.feature_cache import FeatureCache, backbone_digest
+from fewshot.runtime.errors import FewshotError
+from fewshot.training.settings import PretrainSettings, TrainSettings
+
+
+def frozen(tmp_path, root, **changes) -> TrainSettings:
+    """Two epochs of 3-way 1-shot episodes on a frozen, randomly initialised Conv-4."""
+    values = dict(
+        dataset="omniglot", data_root=str(root), way=3, shot=1, query=2, val_query=2,
+        epochs=2, episodes_per_epoch=4, episodes_per_batch=2, val_episodes=4,
+        freeze_backbone=True, device="cpu", amp="off", out=str(tmp_path / "run"),
+    )  # fmt: skip
+    return TrainSettings(**{**values, **changes})
+
+
+def no_feature_cache(monkeypatch) -> None:
+    """Every training step embeds its images, as before the cache."""
+    monkeypatch.setattr(EmbeddingMethod, "use_feature_cache", lambda self, folder: False)
+
+
+def metrics(run) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # The numbers a run's training and validation gave, not its timing or labels.
+    return [
+        {k: v for k, v in row.items() if k != "seconds" and isinstance(v, int | float)}
+        for row in rows
+    ]
+
+
+def test_training_on_cached_features_equals_embedding_every_step(
+    tmp_path, tiny_omniglot_root, monkeypatch
+):
+    cached = make_trainer(frozen(tmp_path / "cached", tiny_omniglot_root))
+    cached.fit()
+    files = sorted((cached.run_dir / "features").glob("*.npy"))
+    sizes = sorted(len(np.load(f, mmap_mode="r")) for f in files)
+    assert sizes == sorted([len(cached.train_data.labels), len(cached.val_data.labels)])
+    method = cached.method.eval()
+    assert torch.equal(
+        cached.train_features, method.embed_split(cached.train_data, torch.device("cpu"))
+    )
+    no_feature_cache(monkeypatch)
+    plain = make_trainer(frozen(tmp_path / "plain", tiny_omniglot_root))
+    plain.fit()
+    assert plain.train_features is None and not (plain.run_dir / "features").exists()
+    for a, b in zip(metrics(cached.run_dir), metrics(plain.run_dir), strict=True):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
+    assert cached.method.scale.item() == pytest.approx(plain.method.scale.item(), rel=1e-6)
+    assert cached.method.scale.item() != 1.0  # it trained
+
+
+def test_a_resumed_run_reads_its_features_without_embedding_again(
+    tmp_path, tiny_omniglot_root, monkeypatch
+):
+    make_trainer(frozen(tmp_path, tiny_omniglot_root, epochs=1)).fit()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("embedded again")
+
+    monkeypatch.setattr(EmbeddingMethod, "embed_split", refuse)
+    resumed = make_trainer(
+        frozen(tmp_path, tiny_omniglot_root), resume=str(tmp_path / "run" / "last.pt")
+    )
+    resumed.fit()  # trains and validates its second epoch on the cached features
+    assert len(metrics(resumed.run_dir)) == 2
+
+
+def test_augmented_or_trained_backbones_embed_every_step(tmp_path, tiny_omniglot_root):
+    trained = make_trainer(frozen(tmp_path / "trained", tiny_omniglot_root, freeze_backbone=False))
+    trained.fit()
+    assert trained.train_features is None and not (trained.run_dir / "features").exists()
+    augmented = make_trainer(frozen(tmp_path / "augmented", tiny_omniglot_root))
+    # Omniglot takes no augmentation: the setting alone, as a 32x32 or 84x84 set's run has it.
+    object.__setattr__(augmented.settings, "augment", True)
+    assert augmented._cache_features() is None
+
+
+def test_varied_episodes_on_cached_features_give_the_embedded_loss(tmp_path, tiny_omniglot_root):
+    varied = dict(varied=True, way=3, max_way=5, shot=3, max_support=8, episodes_per_batch=2)
+    losses = []
+    for name in ("cached", "plain"):
+        trainer = make_trainer(frozen(tmp_path / name, tiny_omniglot_root, **varied))
+        if name == "cached":
+            trainer.train_features = trainer._cache_features()
+        trainer.method.train()
+        trainer.method.backbone.eval()
+        losses.append([value for _ in range(3) for value in trainer.train_step()])
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5)
+
+
+def test_the_cache_file_names_what_its_features_depend_on(tmp_path, omniglot_val):
+    split = omniglot_val
+    cache = FeatureCache(tmp_path)
+    backbone = torch.nn.Linear(2, 2)
+    digest = backbone_digest(backbone, "float32")
+    path = cache.path(split, digest)
+    assert cache.path(split, backbone_digest(backbone, "float32")) == path
+    assert cache.path(split, backbone_digest(backbone, "bfloat16")) != path
+    with torch.no_grad():
+        backbone.weight[0, 0] += 1e-3
+    assert cache.path(split, backbone_digest(backbone, "float32")) != path
+    other = type(split)(split.images, split.labels, split.class_names, mean=(0.5,), std=split.std)
+    assert cache.path(other, digest) != path
+    calls = []
+
+    def embed(s):
+        calls.append(s)
+        return torch.arange(len(s.labels) * 2, dtype=torch.float32).view(-1, 2)
+
+    first = cache.features(split, digest, embed)
+    again = cache.features(split, digest, embed)
+    assert len(calls) == 1 and torch.equal(first, again) and again[3].tolist() == [6.0, 7.0]
+
+
+def test_a_damaged_cache_file_is_refused_naming_it(tmp_path, omniglot_val):
+    cache = FeatureCache(tmp_path)
+    path = cache.path(omniglot_val, "d")
+    np.save(path, np.zeros((3, 2), np.float32))
+    with pytest.raises(FewshotError, match=f"feature cache {path} holds float32 \\(3, 2\\)"):
+        cache.features(omniglot_val, "d", lambda s: torch.zeros(len(s.labels), 2))
+    path.write_bytes(b"not a numpy file")
+    with pytest.raises(FewshotError, match="delete it to embed the split again"):
+        cache.features(omniglot_val, "d", lambda s: torch.zeros(len(s.labels), 2))
+
+
+def test_evaluating_a_frozen_run_reads_and_adds_to_its_feature_cache(
+    tmp_path, tiny_omniglot_root, monkeypatch, capsys
+):
+    make_trainer(frozen(tmp_path, tiny_omniglot_root, epochs=1)).fit()
+    run = tmp_path / "run"
+    argv = [
+        "eval",
+        "--checkpoint",
+        str(run / "last.pt"),
+        "--episodes",
+        "30",
+        "--way",
+        "3",
+        "--shot",
+        "1",
+    ]
+    argv += ["--data-root", str(tiny_omniglot_root), "--device", "cpu", "--cache"]
+    results = []
+    for name in ("first", "again", "plain"):
+        if name == "plain":
+            no_feature_cache(monkeypatch)
+        assert main([*argv, "--out", str(tmp_path / f"{name}.json")]) == 0
+        results.append(json.loads((tmp_path / f"{name}.json").read_text())["accuracy"])
+        if name == "first":  # the test split's features joined the train and val splits'
+            assert len(list((run / "features").glob("*.npy"))) == 3
+    assert results[0] == results[1] == pytest.approx(results[2], abs=1e-9)
+
+
+def test_a_linear_probe_on_cached_features_equals_embedding_every_step(
+    tmp_path, tiny_omniglot_root, monkeypatch
+):
+    values = dict(
+        dataset="omniglot", data_root=str(tiny_omniglot_root), batch_size=16, epochs=1,
+        val_episodes=4, freeze_backbone=True, device="cpu", amp="off",
+    )  # fmt: skip
+    rows = []
+    for name in ("cached", "plain"):
+        if name == "plain":
+            no_feature_cache(monkeypatch)
+        trainer = make_trainer(PretrainSettings(**values, out=str(tmp_path / name)))
+        trainer.fit()
+        assert (trainer.train_features is None) == (name == "plain")
+        [row] = metrics(trainer.run_dir)
+        rows.append(row)
+    assert rows[0] == pytest.approx(rows[1], rel=1e-5, abs=1e-6)
