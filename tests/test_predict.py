@@ -97,7 +97,7 @@ def test_a_single_image_is_predicted_alone_as_among_a_hundred_per_query(kind):
     ("labels", "message"),
     [
         (torch.zeros(6, dtype=torch.long), "at least two classes"),
-        (torch.tensor([0, 0, 0, 1, 1, 2]), "counts [3, 2, 1]"),
+        (torch.tensor([0, 0, 2, 2, 2, 2]), "counts [2, 0, 4]"),  # no class 1
         (torch.tensor([0.0, 0, 1, 1, 2, 2]), "integer class ids"),
         (torch.tensor([0, 1, 2]), "one per support image"),
     ],
@@ -190,11 +190,6 @@ def bad_inputs(root: Path, omniglot_test) -> dict[str, tuple[list[str], str]]:
     one = root / "one_class"
     (one / "a").mkdir(parents=True)
     Image.new("L", (28, 28)).save(one / "a" / "x.png")
-    unequal = root / "unequal"
-    for name, count in (("a", 1), ("b", 2)):
-        (unequal / name).mkdir(parents=True)
-        for i in range(count):
-            Image.new("L", (28, 28)).save(unequal / name / f"{i}.png")
     not_image = root / "notes.png"
     not_image.write_text("not an image")
     foreign = root / "foreign.pt"
@@ -205,7 +200,6 @@ def bad_inputs(root: Path, omniglot_test) -> dict[str, tuple[list[str], str]]:
     return {
         "empty class": (["--support", str(empty), "--query", str(query)], "'b' of"),
         "one class": (["--support", str(one), "--query", str(query)], "two classes or more"),
-        "unequal": (["--support", str(unequal), "--query", str(query)], "'a': 1, 'b': 2"),
         "not an image": (["--support", str(support), "--query", str(not_image)], "notes.png"),
         "missing query": (["--support", str(support), "--query", str(root / "nope")], "nope"),
         "foreign checkpoint": (["--checkpoint", str(foreign), *ok], "foreign.pt"),
@@ -228,6 +222,33 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, omniglot_test, capsys):
         err = capsys.readouterr().err
         assert message in err and len(err.strip().splitlines()) == 1, (case, err)
     assert (tmp_path / "taken.csv").read_text() == "mine\n"  # nothing overwritten
+
+
+def test_a_support_of_unequal_counts_predicts_with_each_class_mean(tmp_path, omniglot_test):
+    """A user's support folder of 1, 3 and 2 drawings: the shipped ProtoNet scores each query
+    by the softmax of its scaled distances to each class's own mean, computed here by hand."""
+    classes, counts = [0, 40, 80], [1, 3, 2]
+    support, _ = write_folders(tmp_path, omniglot_test, classes, 3, 0)
+    for folder, count in zip(sorted(support.iterdir()), counts, strict=True):
+        for extra in sorted(folder.iterdir())[count:]:
+            extra.unlink()
+    queries = [20 * c + j for c in classes for j in range(3, 7)]  # as PNGs: the same pixels
+    files = [tmp_path / f"q{i:04d}.png" for i in queries]
+    for i, file in zip(queries, files, strict=True):
+        Image.fromarray(omniglot_test.images[i, 0].numpy()).save(file)
+    result = fewshot.predict(PROTONET, support, files, device="cpu")
+    model = torch.hub.load(str(REPO), "protonet_conv4_omniglot", source="local")
+    shots = [20 * c + j for c, k in zip(classes, counts, strict=True) for j in range(k)]
+    cpu = torch.device("cpu")
+    with torch.no_grad():
+        features = model.embed(images_to_device(omniglot_test, torch.tensor(shots), cpu))
+        labels = torch.arange(3).repeat_interleave(torch.tensor(counts))
+        means = torch.stack([features[labels == c].mean(0) for c in range(3)])
+        embedded = model.embed(images_to_device(omniglot_test, torch.tensor(queries), cpu))
+        want = torch.softmax(-model.scale * torch.cdist(embedded, means) ** 2, dim=1)
+    assert torch.allclose(result.scores, want, atol=1e-4)
+    right = (result.scores.argmax(1) == torch.arange(3).repeat_interleave(4)).float().mean()
+    assert right >= 0.9
 
 
 def test_images_are_read_at_the_models_normalisation(tmp_path, omniglot_test):

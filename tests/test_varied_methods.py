@@ -180,6 +180,28 @@ def test_padding_is_never_read_and_the_loss_is_the_unpadded_episodes(name):
 
 
 @pytest.mark.parametrize("name", sorted(METHODS))
+def test_predict_with_unequal_shots_scores_the_queries_as_the_unpadded_episode(name):
+    # A user's support folder of 1, 3 and 2 images, given shuffled: the scores' loss is the
+    # hand-written episode's (test mode; the MAML family adapts its evaluation steps).
+    steps = {"eval_inner_steps": METHODS[name][1]["inner_steps"]} if name in ADAPTATION else {}
+    model = build(name, **steps).eval()
+    support, query = by_class(images(POOL))
+    labels = labels_of([len(s) for s in support])
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(3))
+    scores = model.predict(torch.cat(support)[order], labels[order], torch.cat(query))
+    q_labels = labels_of([QUERY] * WAY)
+    if name == "relation":  # sigmoid relation scores, trained on their squared error
+        loss = F.mse_loss(scores, F.one_hot(q_labels, WAY).double())
+    else:
+        loss = F.nll_loss(scores.log(), q_labels)
+    by_hand = adaptation_reference if name in ADAPTATION else embedding_reference
+    with torch.no_grad() if name not in ADAPTATION else torch.enable_grad():
+        reference = by_hand(name, model, support, query)
+    # predict's scores are float32, whatever the model's precision
+    torch.testing.assert_close(loss.double(), reference.detach(), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", sorted(METHODS))
 def test_ehg_of_a_varied_episode_is_the_mean_of_its_resplits(name):
     model, batch = build(name), images(POOL)
     if name == "relation":  # its BatchNorm would see the pairs of all re-splits at once
@@ -214,6 +236,9 @@ def test_a_relation_sum_refuses_varied_episodes_naming_the_option():
     assert "\n" not in str(caught.value)
     with pytest.raises(FewshotError, match="--method-options combine"):
         model.check_shot(None)
+    support, query = by_class(images(POOL))  # predict's support of unequal counts too
+    with pytest.raises(FewshotError, match="--method-options combine"):
+        model.eval().predict(torch.cat(support), labels_of([1, 3, 2]), torch.cat(query))
     build("relation").check_shot(None)  # the mean reads them
 
 

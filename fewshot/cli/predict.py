@@ -158,13 +158,14 @@ def run_predict(settings: PredictSettings) -> Prediction:
     settings.prepare(method, config)
     support_listing = list_classes(Path(settings.support))
     counts = {name: len(paths) for name, paths in support_listing.classes.items()}
-    if len(counts) < 2 or len(set(counts.values())) > 1:
+    if len(counts) < 2:
         raise FewshotError(
-            f"{settings.support}: the support needs two classes or more with as many images "
-            f"each, got {', '.join(f'{k!r}: {v}' for k, v in counts.items())}"
+            f"{settings.support}: the support needs two classes or more, got "
+            f"{', '.join(f'{k!r}: {v}' for k, v in counts.items())}"
         )
     method.check_way(len(counts))
-    method.check_shot(max(counts.values()))
+    shots = set(counts.values())
+    method.check_shot(shots.pop() if len(shots) == 1 else None)  # None: unequal counts
     query_listing = list_images([Path(p) for p in settings.query])
     support = read_images(support_listing, config, checkpoint, "support")
     query = read_images(query_listing, config, checkpoint, "query")

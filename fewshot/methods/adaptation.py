@@ -29,7 +29,7 @@ from fewshot.backbones.conv4 import Conv4
 from fewshot.backbones.footprint import activation_elements
 from fewshot.hpo.hypergrad import Bilevel, aid_cg, rhg
 from fewshot.hpo.trees import Tree, tree_detach, tree_flatten, tree_map
-from fewshot.methods.base import Method, check_episodes, describe_scales
+from fewshot.methods.base import Method, check_episodes, class_labels, describe_scales
 from fewshot.methods.batching import (
     check_batching,
     chunk_count,
@@ -430,18 +430,18 @@ class AdaptationMethod(Method):
     def scores(
         self,
         support: torch.Tensor,
+        shots: list[int],
         query: torch.Tensor,
         batch: int,
         episode: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Adapt to the support ([way, shot, C, H, W], `eval_inner_steps` steps), then classify
+        """Adapt to the support ([N, C, H, W] in class order, `shots[c]` of class c;
+        `eval_inner_steps` steps), then classify
         the queries: all in one batch when `transductive` (as the episodes of training and
         evaluation; ANIL embeds support and queries in one pass, as it trains), else each in
         one batch with the support images alone, so that its probabilities do not depend on the
         other queries (`batch` such batches per vmap call)."""
-        way, shot = support.shape[:2]
-        flat = support.flatten(0, 1)
-        labels = torch.arange(way, device=flat.device).repeat_interleave(shot)
+        flat, labels = support, class_labels(shots, support.device)
         module, anil = self.adapted(), self.variant == "anil"
         if anil and self.transductive:
             features = self._run(self.backbone, torch.cat([flat, query]))

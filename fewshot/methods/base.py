@@ -76,11 +76,13 @@ def describe_scales(
     return f"{flag} {', '.join(parts)}", unusual
 
 
-def support_by_class(support: Any, labels: Any, query: Any, backbone: nn.Module) -> torch.Tensor:
-    """Labelled support images [N, C, H, W] (labels [N], classes 0 .. way - 1, as many images
-    each) as [way, shot, C, H, W], class by class; refused in one line (ValueError) when they
-    or the query images [n, C, H, W] are not images of the backbone's geometry, or the classes
-    are fewer than two, not numbered from 0 or of unequal counts."""
+def support_by_class(
+    support: Any, labels: Any, query: Any, backbone: nn.Module
+) -> tuple[torch.Tensor, list[int]]:
+    """Labelled support images [N, C, H, W] (labels [N], classes 0 .. way - 1, one image or
+    more each) in class order, with each class's count; refused in one line (ValueError) when
+    they or the query images [n, C, H, W] are not images of the backbone's geometry, or the
+    classes are fewer than two or not numbered from 0 without a gap."""
     c, size = backbone.in_channels, backbone.image_size
     layout = ("N", "C", "H", "W")
     for name, images in (("support", support), ("query", query)):
@@ -100,13 +102,19 @@ def support_by_class(support: Any, labels: Any, query: Any, backbone: nn.Module)
     if labels.is_floating_point() or labels.dtype == torch.bool:
         raise ValueError(f"predict support_labels must be integer class ids, got {labels.dtype}")
     counts = torch.bincount(labels.cpu()) if labels.min() >= 0 else torch.zeros(0)
-    if len(counts) < 2 or counts.min() < 1 or counts.min() != counts.max():
+    if len(counts) < 2 or counts.min() < 1:
         raise ValueError(
-            "predict support_labels must number at least two classes 0 .. way - 1 with as "
-            f"many images each, got counts {torch.bincount(labels.cpu().clamp(min=0)).tolist()}"
+            "predict support_labels must number at least two classes 0 .. way - 1 with an "
+            f"image or more each, got counts {torch.bincount(labels.cpu().clamp(min=0)).tolist()}"
         )
     order = torch.argsort(labels, stable=True).to(support.device)
-    return support[order].view(len(counts), int(counts[0]), *support.shape[1:])
+    return support[order], counts.tolist()
+
+
+def class_labels(shots: list[int], device: torch.device) -> torch.Tensor:
+    """The labels [sum(shots)] of images in class order, `shots[c]` of class c."""
+    counts = torch.tensor(shots, device=device)
+    return torch.arange(len(shots), device=device).repeat_interleave(counts)
 
 
 class Method(nn.Module):
@@ -193,25 +201,27 @@ class Method(nn.Module):
         episode: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Scores [n, way] (`score_name`) of each query image [n, C, H, W] for the classes of
-        the labelled support images [N, C, H, W] (labels 0 .. way - 1, as many images each),
+        the labelled support images [N, C, H, W] (labels 0 .. way - 1, one or more each),
         all normalised as the model's training images; `batch` queries per forward pass
         (the scores do not depend on it). `episode`: the split indices [way, pool] of a
         seeded test episode these images are, so that a classifier drawing random numbers
         draws them as the evaluation of that episode does."""
-        grouped = support_by_class(support, support_labels, query, self.backbone)
-        self.check_way(len(grouped))
-        self.check_shot(grouped.shape[1])
+        ordered, shots = support_by_class(support, support_labels, query, self.backbone)
+        self.check_way(len(shots))
+        self.check_shot(shots[0] if len(set(shots)) == 1 else None)
         with torch.no_grad():
-            return self.scores(grouped, query, batch, episode)
+            return self.scores(ordered, shots, query, batch, episode)
 
     def scores(
         self,
         support: torch.Tensor,
+        shots: list[int],
         query: torch.Tensor,
         batch: int,
         episode: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """`predict`'s scores from the support as [way, shot, C, H, W]."""
+        """`predict`'s scores from the support [N, C, H, W] in class order, `shots[c]` images
+        of class c."""
         raise NotImplementedError
 
     def solver(

@@ -22,7 +22,13 @@ from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import episode_images, images_to_device
 from fewshot.datasets.varied import VariedShape, index_shot
 from fewshot.heads import CLASSIFIERS, HEADS, REGULARISATION, TRANSDUCTIVE
-from fewshot.methods.base import EpisodeSolver, Method, check_episodes, describe_scales
+from fewshot.methods.base import (
+    EpisodeSolver,
+    Method,
+    check_episodes,
+    class_labels,
+    describe_scales,
+)
 from fewshot.methods.feature_cache import FeatureCache, backbone_digest
 from fewshot.methods.resplit import Shot, embed_varied, episode_loss
 from fewshot.runtime.errors import FewshotError
@@ -167,16 +173,18 @@ class EmbeddingMethod(Method):
     def scores(
         self,
         support: torch.Tensor,
+        shots: list[int],
         query: torch.Tensor,
         batch: int,
         episode: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Embed the support once and the queries `batch` at a time (BatchNorm in eval mode:
         an image's embedding is its own), then classify them in the same chunks, or all at
-        once for a transductive classifier; with the seeds of `episode` where it is given."""
-        way, shot = support.shape[:2]
-        features = self.embed(support.flatten(0, 1))[None]
-        labels = torch.arange(way, device=support.device).repeat_interleave(shot)[None]
+        once for a transductive classifier; with the seeds of `episode` where it is given.
+        Classes of unequal counts are read as a varied episode's (the head's shot is None)."""
+        way, shot = len(shots), (shots[0] if len(set(shots)) == 1 else None)
+        features = self.embed(support)[None]
+        labels = class_labels(shots, support.device)[None]
         queries = torch.cat([self.embed(chunk) for chunk in query.split(batch)])
         chunks = [queries] if self.transductive else queries.split(batch)
         head = self.head if episode is None else self.episode_head(episode[None])
