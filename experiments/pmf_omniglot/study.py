@@ -163,7 +163,7 @@ def table(results: dict) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The study's settings (from the command line unless `argv` is given)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--episodes", type=int, default=200, help="varied test episodes")
+    parser.add_argument("--episodes", type=int, default=100, help="varied test episodes")
     parser.add_argument("--epochs", type=int, help="of every run (default: the configs')")
     parser.add_argument("--meta-episodes", type=int, help="per meta epoch (config's)")
     parser.add_argument("--val-episodes", type=int, help="of every run (default: the configs')")
