@@ -18,7 +18,7 @@ from fewshot.runtime.errors import FewshotError
 from fewshot.training.settings import PretrainSettings, TrainSettings, make_config
 
 # Where a run reads and writes and what it runs on: they choose the place, not the run.
-PLACES = {"dataset", "data_root", "out", "device"}
+PLACES = {"dataset", "data_root", "out", "device", "extra_data"}  # extra_data: test_sources.py
 # The methods with the heads they are tried with (the MAML family has no head, matching and
 # relation a comparison module instead).
 RUNS = {

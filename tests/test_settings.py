@@ -32,6 +32,9 @@ anything = st.one_of(
 
 def accepts_type(hint, value) -> bool:
     """Whether `value` is of the field's declared type, as JSON would carry it."""
+    if typing.get_origin(hint) is list:  # list[str]: a list of such items
+        (item,) = typing.get_args(hint)
+        return isinstance(value, list) and all(accepts_type(item, v) for v in value)
     options = typing.get_args(hint) or (hint,)
     for option in options:
         if option is type(None) and value is None:

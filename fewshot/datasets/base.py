@@ -17,7 +17,9 @@ class ImageSplit:
     images: uint8 tensor [N, C, H, W]; labels: int64 tensor [N] with values 0..len(class_names)-1.
     mean/std are the per-channel normalisation constants of the dataset (in [0, 1] units).
     `source` names it in messages; `files` are all the files it was read from (a conversion
-    fingerprints each, to refuse itself when any of them changes).
+    fingerprints each, to refuse itself when any of them changes). `parts`: the data sets a
+    joined split holds one after another, each (name, images) (see fewshot.datasets.sources);
+    empty for a split of one.
     """
 
     images: torch.Tensor
@@ -27,6 +29,7 @@ class ImageSplit:
     std: tuple[float, ...]
     source: str = ""
     files: tuple[str, ...] = ()
+    parts: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.images.dtype != torch.uint8 or self.images.dim() != 4:

@@ -14,6 +14,7 @@ from fewshot.backbones import BACKBONES, build_backbone, library_name, training_
 from fewshot.backbones.library import check_library_name, model_input
 from fewshot.datasets import (
     FOLDER,
+    GEOMETRY,
     channels_setting,
     check_data_options,
     dataset_geometry,
@@ -23,6 +24,7 @@ from fewshot.datasets import (
 from fewshot.datasets.augment import PAPER_PADDING
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeShape
+from fewshot.datasets.sources import Source
 from fewshot.datasets.varied import (
     MAX_SUPPORT,
     VARIED_HELP,
@@ -74,6 +76,12 @@ class RunSettings:
     channels: int | None = channels_setting()
     train_split: str = setting("train", help="split to train on (e.g. train, trainval)")
     val_split: str = setting("val", help="split to validate on")
+    extra_data: list[str] = setting(
+        help="more data sets to train on, NAME or NAME:ROOT each (folder:ROOT for a folder of "
+        "your images), read at the run's image size: each batch of episodes comes from one "
+        "data set, drawn at random; validation stays on --dataset's",
+        default_factory=list,
+    )
     backbone: str = setting(
         "conv4",
         help=f"embedding network: {', '.join(BACKBONES)}, or a library's model by name, "
@@ -158,6 +166,7 @@ class RunSettings:
             refuse_unused(self, ["backbone_lr"], "--freeze-backbone")
         check_data_options(self)
         self._check_backbone()
+        self._check_extra_data()
         side = self.geometry[1]
         if self.augment and side not in PAPER_PADDING:
             raise SettingError(
@@ -211,6 +220,42 @@ class RunSettings:
                 f"backbone needs a timm: or torchvision: backbone whose library gives a mean "
                 f"and std for {self.geometry[0]}-channel images, not {self.backbone}",
             )
+
+    @cached_property
+    def extra_sources(self) -> list[Source]:
+        """The data sets of --extra-data."""
+        try:
+            return [Source.parse(spec) for spec in self.extra_data]
+        except ValueError as e:
+            raise SettingError("extra_data", str(e)) from None
+
+    def _check_extra_data(self) -> None:
+        """Refuse an --extra-data set that is unknown, repeats another, lacks a folder's root,
+        or whose images are of another geometry than the run's (a folder is read at it)."""
+        seen = {(self.dataset, self.data_root)}
+        for spec, source in zip(self.extra_data, self.extra_sources, strict=True):
+            if source.dataset not in dataset_names():
+                raise SettingError(
+                    "extra_data",
+                    f"{spec}: unknown dataset {source.dataset!r}; choose from "
+                    f"{', '.join(dataset_names())}",
+                )
+            if source.dataset == FOLDER and not source.data_root:
+                raise SettingError("extra_data", f"{spec}: a folder needs its root, folder:ROOT")
+            if (source.dataset, source.data_root) in seen:
+                raise SettingError("extra_data", f"{spec}: the run trains on it already")
+            seen.add((source.dataset, source.data_root))
+            if source.dataset != FOLDER and GEOMETRY[source.dataset] != self.geometry:
+                given, want = (
+                    "x".join(map(str, (g[0], g[1], g[1])))
+                    for g in (GEOMETRY[source.dataset], self.geometry)
+                )
+                raise SettingError(
+                    "extra_data",
+                    f"{spec}: its images are {given}, the run's {want} (--dataset "
+                    f"{self.dataset}); join data sets of one size, or folders (read at the "
+                    "run's)",
+                )
 
     @cached_property
     def backbone_normalization(self) -> tuple[tuple[float, ...], tuple[float, ...]] | None:

@@ -8,7 +8,8 @@ import torch
 
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import ImageBatchSampler
-from fewshot.datasets.varied import VariedShape, episode_sampler, episode_shots
+from fewshot.datasets.sources import training_sampler
+from fewshot.datasets.varied import VariedShape, episode_shots
 from fewshot.methods import Method, build_method
 from fewshot.methods.pretraining import build_pretrain_method
 from fewshot.methods.resplit import draw_resplits, draw_varied_resplits
@@ -27,7 +28,7 @@ class EpisodeBatches:
 
     def __init__(self, settings: TrainSettings, data: ImageSplit, seed: int):
         self.settings = settings
-        self.sampler = episode_sampler(data.labels, settings.train_shape, seed, data.source)
+        self.sampler = training_sampler(data, settings.train_shape, seed)
         self.steps_per_epoch = settings.episodes_per_epoch // settings.episodes_per_batch
 
     def config(self, data: ImageSplit) -> dict:

@@ -18,10 +18,11 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from tqdm import tqdm
 
-from fewshot.datasets import check_split, load_split
+from fewshot.datasets import FOLDER, check_split, load_split
 from fewshot.datasets.augment import TrainAugment
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import episode_images
+from fewshot.datasets.sources import join_splits
 from fewshot.datasets.varied import check_episode_shape
 from fewshot.evaluation.episodes import evaluate, evaluation_terms
 from fewshot.evaluation.metrics import metrics_row
@@ -88,10 +89,14 @@ def init_backbone(settings: RunSettings) -> dict[str, torch.Tensor] | None:
 
 
 def read_data(settings: RunSettings) -> tuple[ImageSplit, ImageSplit]:
-    """The train and validation splits of a run, both checked before any image is decoded."""
+    """The train and validation splits of a run, all checked before any image is decoded;
+    the training split joined with those of --extra-data (fewshot.datasets.sources)."""
     needs = settings.split_needs()
-    for split, per_class in needs:
-        check_split(settings.dataset, split, settings.data_root, per_class)
+    (train_split, per_class), _ = needs
+    for split, count in needs:
+        check_split(settings.dataset, split, settings.data_root, count)
+    for source in settings.extra_sources:
+        check_split(source.dataset, train_split, source.data_root, per_class)
     train, val = (
         load_split(
             settings.dataset,
@@ -99,11 +104,31 @@ def read_data(settings: RunSettings) -> tuple[ImageSplit, ImageSplit]:
             settings.data_root,
             resize=settings.resize,
             channels=settings.channels,
+            per_class=count,
+        )
+        for split, count in needs
+    )
+    if not settings.extra_sources:
+        return train, val
+    channels, side = settings.geometry
+    named = [(source_name(settings.dataset, settings.data_root), train)]
+    for source in settings.extra_sources:
+        folder = source.dataset == FOLDER  # read at the run's geometry
+        extra = load_split(
+            source.dataset,
+            train_split,
+            source.data_root,
+            resize=side if folder else None,
+            channels=channels if folder else None,
             per_class=per_class,
         )
-        for split, per_class in needs
-    )
-    return train, val
+        named.append((source_name(source.dataset, source.data_root), extra))
+    return join_splits(named), val
+
+
+def source_name(dataset: str, data_root: str | None) -> str:
+    """A data set's name in a joined split: its own, or a folder's name."""
+    return f"folder:{Path(data_root).name}" if dataset == FOLDER and data_root else dataset
 
 
 # The TensorBoard tags of the validation accuracy and its 95% interval's bounds.
