@@ -225,16 +225,20 @@ def check_pretraining(out: Path, printed: str) -> None:
 def check_pmf(out: Path, printed: str) -> None:
     record = load(out / "results.json")
     rows = record["rows"]
+    p_only = "none (stage P only)"
     assert set(rows) == {
+        p_only,
         "U = 1",
         "U = 5",
+        f"U = 1 − {p_only}",
         "U = 5 − U = 1",
         "timm:resnet10t from scratch (no stage P), U = 1",
     }
-    for arm in ("U = 1", "U = 5"):
+    for arm in (p_only, "U = 1", "U = 5"):
         head, tuned = rows[arm]["ProtoNet head"], rows[arm]["P>M>F fine-tuning"]
         gain = tuned["accuracy"] - head["accuracy"]
         assert rows[arm]["fine-tuning − head"]["mean"] == pytest.approx(gain, abs=1e-4)
+        assert rows[arm]["lr chosen"] in (0.0, 1e-4, 1e-3, 1e-2)
     ehg = rows["U = 5 − U = 1"]["ProtoNet head"]["mean"]
     difference = (
         rows["U = 5"]["ProtoNet head"]["accuracy"] - rows["U = 1"]["ProtoNet head"]["accuracy"]

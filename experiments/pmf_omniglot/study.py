@@ -6,9 +6,9 @@ for DINO (no weights can be downloaded on this machine):
 - P: `fewshot pretrain` of a narrow ResNet-12 on the Omniglot train classes;
 - M: ProtoNet meta-trained from it on Meta-Dataset-style varied episodes, with U = 1 and
   U = 5 re-splits (EHG), the same seed, init and episodes;
-- F: each model tested on the same seeded varied test episodes with its own ProtoNet head and
-  with P>M>F's test-time fine-tuning of the backbone on each support (`--classifier pmf`, its
-  lr chosen on validation episodes of the unseen validation classes).
+- F: each model (and stage P's alone) tested on the same seeded varied test episodes with its
+  own ProtoNet head and with P>M>F's test-time fine-tuning of the backbone on each support
+  (`--classifier pmf`, its lr chosen on validation episodes of the unseen validation classes).
 
 Every test is `fewshot eval --per-episode` on the same episodes, so every difference is paired
 per episode (fewshot.evaluation.stats.paired_ci). Resumable: a finished run is skipped, an
@@ -44,7 +44,9 @@ TIMM = HERE / "timm_resnet10t.json"
 TIMM_ROW = "timm:resnet10t from scratch (no stage P), U = 1"
 # The test episodes: as the meta stage's, on the test classes (way 5-20, shot 1-10, 5 queries).
 TEST = {"way": 5, "max_way": 20, "shot": 10, "max_support": 100, "query": 5}
-ARMS = {"U = 1": 1, "U = 5": 5}
+# The meta stage's arms: none (stage P's model as it is), and ProtoNet with U = 1 and U = 5.
+P_ONLY = "none (stage P only)"
+ARMS = {P_ONLY: None, "U = 1": 1, "U = 5": 5}
 CLASSIFIERS = {"ProtoNet head": [], "P>M>F fine-tuning": ["--classifier", "pmf"]}
 # --smoke: one epoch of a few steps per run, a few test episodes, fine-tuning of two steps.
 SMOKE = {
@@ -66,7 +68,7 @@ def varied_flags(shape: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Train what is missing, evaluate the four arms on the same episodes, write the tables."""
+    """Train what is missing, evaluate every arm on the same episodes, write the tables."""
     args = parse_args(argv)
     sizes = {"epochs": args.epochs, "val_episodes": args.val_episodes}
     pretrained = f"{args.runs}/omniglot_pmf_pretrain_resnet12"
@@ -75,6 +77,9 @@ def main(argv: list[str] | None = None) -> None:
     meta_flags = config_overrides(args.data_root, episodes_per_epoch=args.meta_episodes, **sizes)
     runs = {}
     for arm, u in ARMS.items():
+        if u is None:
+            runs[arm] = pretrained
+            continue
         runs[arm] = f"{args.runs}/omniglot_pmf_meta_resnet12_u{u}"
         flags = [*meta_flags, "--init", f"{pretrained}/last.pt", "--resplits", str(u)]
         train("train", str(META), runs[arm], args.epochs or config_epochs(META), *flags)
@@ -90,8 +95,7 @@ def main(argv: list[str] | None = None) -> None:
             if arm == TIMM_ROW and flags:
                 continue  # a smoke-sized row: its own head only
             flags = [*flags, "--classifier-options", pmf] if flags else []
-            stem = f"u{ARMS[arm]}" if arm in ARMS else "timm"
-            out = evals / f"{stem}_{'pmf' if flags else 'protonet'}.json"
+            out = evals / f"{eval_stem(arm)}_{'pmf' if flags else 'protonet'}.json"
             accuracies[arm, name] = evaluate(
                 f"{run}/last.pt",
                 [*config_overrides(args.data_root), *varied_flags(TEST), *flags],
@@ -101,8 +105,17 @@ def main(argv: list[str] | None = None) -> None:
                 out,
                 per_batch=1,
             )
-    results = summary(accuracies, args)
+    lrs = {arm: json.loads((evals / f"{eval_stem(arm)}_pmf.json").read_text())["pmf_lr"]
+           for arm in ARMS}  # fmt: skip
+    results = summary(accuracies, lrs, args)
     write_results(results, table(results), Path(args.out))
+
+
+def eval_stem(arm: str) -> str:
+    """The start of an arm's evaluation files' names."""
+    if arm == TIMM_ROW:
+        return "timm"
+    return f"u{ARMS[arm]}" if ARMS[arm] else "p_only"
 
 
 def config_epochs(config: Path) -> int:
@@ -110,8 +123,9 @@ def config_epochs(config: Path) -> int:
     return json.loads(config.read_text())["epochs"]
 
 
-def summary(accuracies: dict, args: argparse.Namespace) -> dict:
-    """Every arm's accuracy ± CI and the paired differences, in percent."""
+def summary(accuracies: dict, lrs: dict, args: argparse.Namespace) -> dict:
+    """Every arm's accuracy ± CI, its fine-tuning's chosen lr (`lrs`) and the paired
+    differences, in percent."""
 
     def cell(acc) -> dict:
         return {"accuracy": 100 * float(acc.double().mean()), "ci95": 100 * ci95(acc)}
@@ -126,10 +140,12 @@ def summary(accuracies: dict, args: argparse.Namespace) -> dict:
         results["rows"][arm] = {
             **{name: cell(accuracies[arm, name]) for name in CLASSIFIERS},
             "fine-tuning − head": diff(plain, tuned),
+            "lr chosen": lrs[arm],
         }
-    results["rows"]["U = 5 − U = 1"] = {
-        name: diff(accuracies["U = 1", name], accuracies["U = 5", name]) for name in CLASSIFIERS
-    }
+    for later, earlier in (("U = 1", P_ONLY), ("U = 5", "U = 1")):
+        results["rows"][f"{later} − {earlier}"] = {
+            name: diff(accuracies[earlier, name], accuracies[later, name]) for name in CLASSIFIERS
+        }
     head = next(iter(CLASSIFIERS))
     results["rows"][TIMM_ROW] = {head: cell(accuracies[TIMM_ROW, head])}
     return results
@@ -138,7 +154,7 @@ def summary(accuracies: dict, args: argparse.Namespace) -> dict:
 def table(results: dict) -> str:
     """The markdown table of results.json."""
     test = results["test"]
-    columns = [*CLASSIFIERS, "fine-tuning − head"]
+    columns = [*CLASSIFIERS, "fine-tuning − head", "lr chosen"]
     lines = [
         f"Accuracy ± 95% CI (%) on {results['episodes']} seeded varied Omniglot test episodes "
         f"({test['way']}-{test['max_way']} ways, 1-{test['shot']} shots within "
@@ -154,7 +170,10 @@ def table(results: dict) -> str:
             if column not in cells:
                 values.append("")
                 continue
-            c = cells[column]  # an accuracy, or a paired difference (signed)
+            c = cells[column]  # an accuracy, a paired difference (signed) or an lr
+            if not isinstance(c, dict):
+                values.append(f"{c:g}")
+                continue
             mean, half = c.get("accuracy", c.get("mean")), c["ci95"]
             values.append(percent(mean / 100, half / 100, "accuracy" not in c))
         lines.append(markdown_row(arm, *values))
