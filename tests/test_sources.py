@@ -120,6 +120,7 @@ def test_omniglot_and_a_folder_of_photos_train_together(tmp_path, tiny_omniglot_
         ("folder", "folder: a folder needs its root, folder:ROOT"),
         ("omniglot", "omniglot: the run trains on it already"),
         (":x", "':x' names no dataset"),
+        ("folder:/nonexistent", "folder:/nonexistent: /nonexistent is not a folder"),
     ],
 )
 def test_a_source_that_cannot_join_is_refused_before_any_data(extra, message, tmp_path, capsys):

@@ -242,6 +242,8 @@ class RunSettings:
                 )
             if source.dataset == FOLDER and not source.data_root:
                 raise SettingError("extra_data", f"{spec}: a folder needs its root, folder:ROOT")
+            if source.data_root and not Path(source.data_root).is_dir():
+                raise SettingError("extra_data", f"{spec}: {source.data_root} is not a folder")
             if (source.dataset, source.data_root) in seen:
                 raise SettingError("extra_data", f"{spec}: the run trains on it already")
             seen.add((source.dataset, source.data_root))
