@@ -5,6 +5,7 @@ and accuracies as embedding every step (real Omniglot images, 24 classes a split
 from __future__ import annotations
 
 import json
+import signal
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from fewshot.cli.main import main
 from fewshot.methods.embedding import EmbeddingMethod
 from fewshot.methods.feature_cache import FeatureCache, backbone_digest
 from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.signals import Interrupted
 from fewshot.training.settings import PretrainSettings, TrainSettings
 
 
@@ -183,3 +185,22 @@ def test_a_linear_probe_on_cached_features_equals_embedding_every_step(
         [row] = metrics(trainer.run_dir)
         rows.append(row)
     assert rows[0] == pytest.approx(rows[1], rel=1e-5, abs=1e-6)
+
+
+def test_a_stop_while_embedding_leaves_a_checkpoint_to_resume(
+    tmp_path, tiny_omniglot_root, monkeypatch
+):
+    settings = frozen(tmp_path, tiny_omniglot_root, epochs=1)
+    trainer = make_trainer(settings)
+
+    def stopped(*args, **kwargs):
+        raise Interrupted(signal.SIGINT)
+
+    monkeypatch.setattr(trainer.method, "split_features", stopped)
+    with pytest.raises(Interrupted, match="embedding the features: again on resume"):
+        trainer.fit()
+    monkeypatch.undo()
+    last = tmp_path / "run" / "last.pt"
+    resumed = make_trainer(settings, resume=str(last))
+    resumed.fit()
+    assert resumed.train_features is not None and len(metrics(resumed.run_dir)) == 1

@@ -340,7 +340,10 @@ class Trainer:
                 atomic_write_json(self.config, self.run_dir / "config.json")
                 self._write_metrics()  # drops rows a killed run wrote after its checkpoint
                 self.events = stack.enter_context(self._open_events())
-            self.train_features = self._cache_features()
+            try:
+                self.train_features = self._cache_features()
+            except Interrupted as e:  # a checkpoint to resume from, as for a stop mid-epoch
+                self._save_and_stop(e.signum, " (embedding the features: again on resume)")
             while self.progress.epoch < self.settings.epochs:
                 self._train_epoch()
                 self._finish_epoch()
