@@ -128,8 +128,10 @@ def substitute(argv: list[str]) -> list[str]:
     """The pages' placeholders replaced by paths and values of this test."""
     out = []
     for token in argv:
-        head, sep, rest = token.partition("/")
-        out.append(PLACEHOLDERS[head] + sep + rest if head in PLACEHOLDERS else token)
+        name, colon, value = token.rpartition(":")  # NAME:ROOT as --extra-data takes it
+        head, sep, rest = value.partition("/")
+        value = PLACEHOLDERS[head] + sep + rest if head in PLACEHOLDERS else value
+        out.append(name + colon + value)
     return out
 
 
@@ -248,7 +250,11 @@ def test_fragments_are_still_in_the_pages():
 @pytest.mark.parametrize("command", COMMANDS_OF_PAGES, ids=lambda c: c.id)
 def test_readme_command_builds(command, readme_dir, monkeypatch):
     monkeypatch.chdir(readme_dir)
-    unknown = [t for t in command.argv if re.fullmatch(r"[A-Z][A-Z_]*", t.partition("/")[0])]
+    unknown = [
+        t
+        for t in command.argv
+        if re.fullmatch(r"[A-Z][A-Z_]*", t.rpartition(":")[2].partition("/")[0])
+    ]
     assert not unknown, f"{command.page}:{command.line}: unknown placeholders {unknown}"
     try:
         args = build_parser().parse_args(command.argv)
