@@ -23,6 +23,7 @@ Everything is timed in one process on the same device, float32 and bf16 in turns
     python -m benchmarks.bench_precision --backbones conv4 --no-synthetic --repeats 3
     python -m benchmarks.bench_precision --no-steps --no-eval --run models/omniglot/quickstart.json
     python -m benchmarks.bench_precision --no-steps --no-eval --allocator
+    python -m benchmarks.bench_precision --no-steps --eval-classes 40 --episodes 16  # seconds
 """
 
 from __future__ import annotations
@@ -100,7 +101,20 @@ def print_steps(backbones: list[str], heads: list[str], args, device) -> None:
 def print_eval(args, device) -> None:
     """Section (b): cached evaluation of the Omniglot test classes in both precisions."""
     split = load_split("omniglot", "test", args.data_root)
-    print(f"\n(b) cached evaluation, {args.episodes} seeded 20-way 1-shot 15-query episodes")
+    classes = f"all {split.num_classes}"
+    if args.eval_classes:  # the images of classes 0..N-1, labels unchanged
+        classes = f"the first {args.eval_classes} of the {split.num_classes}"
+        kept = split.labels < args.eval_classes
+        split = dataclasses.replace(
+            split,
+            images=split.images[kept],
+            labels=split.labels[kept],
+            class_names=split.class_names[: args.eval_classes],
+        )
+    print(
+        f"\n(b) cached evaluation of {classes} test classes, {args.episodes} seeded 20-way "
+        "1-shot 15-query episodes"
+    )
     torch.manual_seed(0)
     settings = TrainSettings(backbone="conv4", head="protonet").to_dict()
     model = build_method({**settings, "in_channels": 1, "image_size": 28}).to(device).eval()
@@ -213,11 +227,18 @@ def main() -> None:
     parser.add_argument("--allocator", action="store_true", help="also (d), CPU only")
     parser.add_argument("--no-steps", action="store_true", help="skip (a)")
     parser.add_argument("--no-eval", action="store_true", help="skip (b)")
+    parser.add_argument(
+        "--eval-classes", type=int, help="(b) on the first N test classes (default: all)"
+    )
     parser.add_argument("--no-omniglot", action="store_true", help="skip Omniglot in (a)")
     parser.add_argument("--no-synthetic", action="store_true", help="skip the 84x84 set in (a)")
     parser.add_argument("--data-root", help="default: $FEWSHOT_DATA or data/")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     args = parser.parse_args()
+    if args.eval_classes is not None and args.eval_classes < 20:
+        parser.error(
+            f"--eval-classes must be at least 20 (the episodes are 20-way), got {args.eval_classes}"
+        )
     device = resolve_device(args.device)
     retain_freed_memory()
     native = f"native bf16: {cpu_has_native_bf16()}" if device.type == "cpu" else ""

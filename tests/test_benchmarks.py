@@ -38,8 +38,9 @@ def test_bench_precision_times_both_precisions(monkeypatch, capsys):
         capsys,
         bench_precision,
         *("--backbones", "conv4", "--heads", "protonet", "--repeats", "1"),
-        *("--no-synthetic", "--episodes", "16", "--device", "cpu"),
+        *("--no-synthetic", "--episodes", "16", "--eval-classes", "40", "--device", "cpu"),
     )
+    assert "(b) cached evaluation of the first 40 of the 1692 test classes" in out
     step = re.search(rf"Omniglot 20w1s15q x2 +conv4 +protonet +({SECONDS}) +({SECONDS}) +", out)
     assert step and float(step[1]) > 0 and float(step[2]) > 0
     assert re.search(rf"^float32 +{SECONDS} s +accuracy", out, re.M)
