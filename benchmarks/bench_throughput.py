@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import platform
 import resource
 import statistics
@@ -183,9 +184,24 @@ def print_eval(backbones: list[str], args, device: torch.device) -> None:
             bench_eval(label, backbone, synthetic, WAY, args, device)
         del synthetic
     if not args.no_omniglot:
-        omniglot = load_split("omniglot", "test", args.data_root)
+        omniglot = first_classes(load_split("omniglot", "test", args.data_root), args.eval_classes)
         label = f"Omniglot test {omniglot.num_classes} cl., 20-way {SHOT}-shot"
         bench_eval(label, "conv4", omniglot, 20, args, device)
+
+
+def first_classes(split: ImageSplit, count: int | None) -> ImageSplit:
+    """The images of `split`'s classes 0..count-1 (labels unchanged); all of it for None."""
+    if count is None:
+        return split
+    if count < 20:
+        raise SystemExit(f"--eval-classes must be at least 20 (20-way episodes), got {count}")
+    kept = split.labels < count
+    return dataclasses.replace(
+        split,
+        images=split.images[kept],
+        labels=split.labels[kept],
+        class_names=split.class_names[:count],
+    )
 
 
 def main() -> None:
@@ -198,6 +214,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds of (b) (median)")
     parser.add_argument("--no-eval", action="store_true", help="skip (a), the evaluation")
     parser.add_argument("--no-omniglot", action="store_true", help="skip the Omniglot episodes")
+    parser.add_argument(
+        "--eval-classes", type=int, help="(a) on the first N Omniglot test classes (default: all)"
+    )
     parser.add_argument("--no-synthetic", action="store_true", help="skip the 84x84 episodes")
     parser.add_argument("--no-augment", dest="augment", action="store_false")
     parser.add_argument("--data-root", help="for Omniglot (default: $FEWSHOT_DATA or data/)")
