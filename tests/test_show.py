@@ -13,6 +13,7 @@ from PIL import Image
 from fewshot.cli.main import main
 from fewshot.datasets import load_split
 from fewshot.datasets.sampler import EpisodeShape
+from fewshot.datasets.varied import VariedShape, episode_shots
 from fewshot.evaluation.episodes import seeded_episodes
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,6 +59,39 @@ def test_saved_episodes_draw_a_classifiers_random_numbers_as_the_evaluation(tmp_
     accuracies = both["result"]["accuracies"]
     assert min(accuracies) < 0.8  # near the initial draw: far from the model's 98 %
     assert [e["accuracy"] for e in both["saved"]["episodes"]] == pytest.approx(accuracies)
+
+
+def test_varied_episodes_are_saved_as_evaluated_and_drawn_with_their_own_shape(tmp_path, capsys):
+    """Unequal shots and ways per episode; fine-tuning one step from its random initial
+    weights, so the saved predictions match the evaluation only if each episode draws its own
+    seed as the evaluation does."""
+    varied = ["--varied", "--way", "3", "--max-way", "6", "--shot", "4", "--max-support", "12"]
+    options = ["--classifier", "finetune", "--classifier-options", '{"steps": 1, "lr": 1e-4}']
+    both = saved_episodes(tmp_path, PROTONET, *varied, *options)
+    episodes = both["saved"]["episodes"]
+    assert [e["accuracy"] for e in episodes] == pytest.approx(both["result"]["accuracies"])
+    split = load_split("omniglot", "test")
+    shape = VariedShape(way=3, max_way=6, shot=4, max_support=12, query=3)
+    batches = list(seeded_episodes(split, shape, 12, 4))  # one varied episode a batch
+    for e, batch in zip(episodes, batches, strict=True):
+        [want], [counts] = batch, episode_shots(batch, 3)
+        rows = [row[row >= 0] for row in want]
+        assert e["support"] == [r[:k].tolist() for r, k in zip(rows, counts.tolist(), strict=True)]
+        assert e["query"] == [r[k:].tolist() for r, k in zip(rows, counts.tolist(), strict=True)]
+        assert [len(row) for row in e["predicted"]] == [3] * len(rows)
+    # The draw covers what it must: episodes of several ways, classes of unequal shots.
+    ways = [len(e["classes"]) for e in episodes]
+    assert len(set(ways)) > 1
+    assert any(len({len(s) for s in e["support"]}) > 1 for e in episodes)
+    # Each episode drawn with its own rows: one of the most classes against one of the fewest.
+    drawn = {}
+    for number in (ways.index(max(ways)), ways.index(min(ways))):
+        out = tmp_path / f"{number}.png"
+        argv = ["show", str(tmp_path / "episodes.json"), "--episode", str(number)]
+        assert main([*argv, "--out", str(out)]) == 0
+        drawn[number] = Image.open(out).size[1]
+    big, small = drawn[ways.index(max(ways))], drawn[ways.index(min(ways))]
+    assert big / small == pytest.approx(max(ways) / min(ways), rel=0.25)
 
 
 def test_a_folder_data_set_records_each_images_file(tmp_path, omniglot_test):

@@ -432,11 +432,6 @@ class EvalSettings(EpisodeSettings):
                 "does not apply to --classifier pmf: the saved predictions come from fewshot "
                 "predict's path, which does not fine-tune",
             )
-        if self.varied and self.save_episodes:
-            raise SettingError(
-                "save_episodes",
-                "does not apply to --varied episodes yet: fewshot show draws episodes of one shot",
-            )
 
     def result_path(self, checkpoint: Path, dataset: str, record: dict) -> Path:
         """Where the JSON result goes: --out, or a name made of what decides the result

@@ -89,12 +89,21 @@ def run_show(settings: ShowSettings) -> Path:
         resize=saved["resize"],
         channels=saved["channels"],
     )
-    way, pool = saved["way"], saved["shot"] + len(saved["episodes"][0]["query"][0])
-    fig, axes = plt.subplots(
-        way * len(numbers), pool, figsize=(pool * 0.9, way * len(numbers) * 0.95), squeeze=False
+    # One row per class of each episode, as many columns as its largest class has images (a
+    # varied episode's ways and shots differ); the cells a class does not fill stay blank.
+    episodes = [saved["episodes"][n] for n in numbers]
+    ways = [len(e["classes"]) for e in episodes]
+    pool = max(
+        len(support) + len(query)
+        for e in episodes
+        for support, query in zip(e["support"], e["query"], strict=True)
     )
+    fig, axes = plt.subplots(sum(ways), pool, figsize=(pool * 0.9, sum(ways) * 0.95), squeeze=False)
+    for ax in axes.flat:
+        ax.set_axis_off()
     for block, number in enumerate(numbers):
-        draw_episode(axes[block * way : (block + 1) * way], split, saved, number)
+        first = sum(ways[:block])
+        draw_episode(axes[first : first + ways[block]], split, saved, number)
     fig.tight_layout()
     atomic_save_figure(fig, out, dpi=100)
     plt.close(fig)
@@ -110,7 +119,8 @@ def draw_episode(rows, split: ImageSplit, saved: dict, number: int) -> None:
         cells = [(i, "support", "") for i in episode["support"][c]]
         for i, given in zip(episode["query"][c], episode["predicted"][c], strict=True):
             cells.append((i, "right", "") if given == c else (i, "wrong", f"as {given}"))
-        for ax, (index, kind, note) in zip(axes, cells, strict=True):
+        for ax, (index, kind, note) in zip(axes, cells, strict=False):  # blank cells after
+            ax.set_axis_on()
             image = split.images[index].permute(1, 2, 0).numpy()
             ax.imshow(image.squeeze(-1) if image.shape[-1] == 1 else image, cmap="gray")
             ax.set_xticks([])

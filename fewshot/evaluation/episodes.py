@@ -12,7 +12,7 @@ from tqdm import tqdm
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import images_to_device
 from fewshot.datasets.sampler import EpisodeSampler, EpisodeShape
-from fewshot.datasets.varied import VariedSampler, VariedShape, shape_shot
+from fewshot.datasets.varied import VariedSampler, VariedShape, index_shot, shape_shot
 from fewshot.evaluation.stats import ci95
 from fewshot.methods.base import Method
 from fewshot.runtime.memory import MemoryTerm
@@ -141,7 +141,7 @@ def evaluate(
 def episode_records(
     method: Method,
     split: ImageSplit,
-    shape: EpisodeShape,
+    shape: EpisodeShape | VariedShape,
     episodes: int,
     seed: int,
     device: torch.device,
@@ -150,27 +150,36 @@ def episode_records(
     """What each seeded episode was: its classes (split labels), the split indices of its
     support and query images per class (and their `files`, one per image of the split, where
     given), the episode position of the class each query was given (by `Method.predict`, the
-    episode's own path, with the episode's seeds) and its accuracy."""
-    way, shot = shape.way, shape.shot
-    labels = torch.arange(way, device=device).repeat_interleave(shot)
+    episode's own path, with the episode's seeds) and its accuracy. Varied episodes list each
+    class's own number of support images."""
     records = []
     for batch in seeded_episodes(split, shape, episodes, seed):
-        for index in batch:
-            images = images_to_device(split, index.flatten(), device)
-            images = images.view(*index.shape, *images.shape[1:])
-            query = images[:, shot:].flatten(0, 1)
-            support = images[:, :shot].flatten(0, 1)
-            scores = method.predict(support, labels, query, episode=index)
+        shots = index_shot(batch, shape_shot(shape))
+        for number, index in enumerate(batch):
+            way = index.shape[0]
+            counts = [shots] * way if isinstance(shots, int) else shots[number].tolist()
+            rows = [row[row >= 0] for row in index]  # a varied episode's padding dropped
+            support = [row[:count] for row, count in zip(rows, counts, strict=True)]
+            query = [row[count:] for row, count in zip(rows, counts, strict=True)]
+            labels = torch.arange(way, device=device).repeat_interleave(
+                torch.tensor(counts, device=device)
+            )
+            scores = method.predict(
+                images_to_device(split, torch.cat(support), device),
+                labels,
+                images_to_device(split, torch.cat(query), device),
+                episode=index,
+            )
             predicted = scores.argmax(dim=1).view(way, -1).cpu()
             truth = torch.arange(way)[:, None]
             record = {
                 "classes": split.labels[index[:, 0]].tolist(),
-                "support": index[:, :shot].tolist(),
-                "query": index[:, shot:].tolist(),
+                "support": [row.tolist() for row in support],
+                "query": [row.tolist() for row in query],
                 "predicted": predicted.tolist(),
                 "accuracy": float((predicted == truth).float().mean()),
             }
             if files:
-                record["files"] = [[files[i] for i in row] for row in index.tolist()]
+                record["files"] = [[files[i] for i in row.tolist()] for row in rows]
             records.append(record)
     return records
