@@ -23,7 +23,7 @@ from fewshot.training.settings import (
     checkpoint_settings,
     read_config_file,
 )
-from fewshot.training.trainer import Trainer, init_backbone
+from fewshot.training.trainer import Trainer, initial_weights
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ def run_train(run: TrainRun, settings: RunSettings) -> Path:
 def _train(run: TrainRun, settings: RunSettings, device, dist) -> Path:
     """Train in the locked run folder (rank 0 holds the lock)."""
     device = dist.device(device)
-    init = None if run.resume else init_backbone(settings)  # before the folder is made
+    init = None if run.resume else initial_weights(settings)  # before the folder is made
     with contextlib.ExitStack() as stack:
         folder = None
         if dist.is_main:  # refuse a busy or occupied folder before reading any data

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -33,6 +33,7 @@ from fewshot.training.settings import (
 from fewshot.training.state import Progress, RandomStreams
 
 GEOMETRY_KEYS = ("in_channels", "image_size")
+BATCHNORM_STATS = (".running_mean", ".running_var", ".num_batches_tracked")
 # What a checkpoint needs to continue a run (an imported or evaluation-only one lacks them).
 CONTINUATION_KEYS = ("model", "optimizer", "scaler", "progress", "sampler", "rng")
 
@@ -130,13 +131,30 @@ def trained_method(ckpt: dict, settings: dict, path: str | Path) -> Method:
     return method.eval()
 
 
-def pretrained_backbone(
+@dataclass(frozen=True)
+class InitWeights:
+    """Weights a run starts from: its backbone's (`part` 'backbone') or its whole model's
+    ('model'), each keyed as that part's state dict."""
+
+    part: str
+    state: dict[str, torch.Tensor]
+
+    def load_into(self, method: Method) -> None:
+        """Copy the weights into `method` (the backbone, or all of it)."""
+        (method.backbone if self.part == "backbone" else method).load_state_dict(self.state)
+
+
+def init_weights(
     path: str | Path, settings: TrainSettings, geometry: tuple[int, int]
-) -> dict[str, torch.Tensor]:
-    """The backbone weights of a `fewshot pretrain` checkpoint for `--init`, refused in one
-    line when the checkpoint is of another stage, backbone or image geometry (channels, size)."""
+) -> InitWeights:
+    """The weights of `--init`: the backbone of a `fewshot pretrain` checkpoint (the rest of
+    the model keeps its initialisation), or the whole model of a `fewshot train` checkpoint of
+    the same method and architecture (to fine-tune it on other data or train it on with
+    another schedule). Refused in one line when the checkpoint is of another backbone,
+    method, architecture or image geometry."""
     ckpt = load_checkpoint(path)
-    saved = checkpoint_settings(ckpt, path, "pretrain", "--init")
+    stage = checkpoint_stage(ckpt, path)
+    saved = checkpoint_settings(ckpt, path, stage, "--init")
     config = ckpt["config"]
     have = (config.get("in_channels"), config.get("image_size"))
     if saved["backbone"] != settings.backbone or have != geometry:
@@ -145,24 +163,52 @@ def pretrained_backbone(
             f"images; this run trains a {settings.backbone} on {settings.dataset} "
             f"({geometry[0]}x{geometry[1]}x{geometry[1]})"
         )
-    state = {
-        k.removeprefix("backbone."): v
-        for k, v in ckpt.get("model", {}).items()
-        if k.startswith("backbone.")
-    }
+    model = ckpt.get("model", {})
+    if stage == "pretrain":
+        part, want = "backbone", backbone_shapes(settings, geometry)
+        state = {
+            k.removeprefix("backbone."): v for k, v in model.items() if k.startswith("backbone.")
+        }
+        # The MAML family's BatchNorm keeps no running statistics: the pretrained ones go.
+        state = {k: v for k, v in state.items() if k in want or not k.endswith(BATCHNORM_STATS)}
+        trained = f"pretrained with --backbone-options {json.dumps(saved['backbone_options'])}"
+        mine = f"this run has {json.dumps(settings.backbone_options)}"
+    else:
+        if saved["method"] != settings.method:
+            raise FewshotError(
+                f"--init {path}: a --method {saved['method']} model; this run trains --method "
+                f"{settings.method}"
+            )
+        part, want, state = "model", method_shapes(settings, geometry), dict(model)
+        options = {
+            "backbone_options": saved["backbone_options"],
+            "method_options": saved["method_options"],
+        }
+        trained = f"trained with {json.dumps(options)}"
+        mine = "this run has " + json.dumps(
+            {
+                "backbone_options": settings.backbone_options,
+                "method_options": settings.method_options,
+            }
+        )
     bad = non_finite(state)
     if not state or bad:
-        raise FewshotError(f"--init {path}: no finite backbone weights ({', '.join(bad[:3])})")
-    want = backbone_shapes(settings, geometry)
+        raise FewshotError(f"--init {path}: no finite {part} weights ({', '.join(bad[:3])})")
     misfit = first_misfit(state, want)
     if misfit is not None:
         raise FewshotError(
-            f"--init {path}: its backbone does not fit this run's ({misfit}: "
+            f"--init {path}: its {part} does not fit this run's ({misfit}: "
             f"{shape_text(state.get(misfit))} there, {shape_text(want.get(misfit))} here); it was "
-            f"pretrained with --backbone-options {json.dumps(saved['backbone_options'])}, this "
-            f"run has {json.dumps(settings.backbone_options)}"
+            f"{trained}, {mine}"
         )
-    return state
+    return InitWeights(part, state)
+
+
+def method_shapes(settings: TrainSettings, geometry: tuple[int, int]) -> dict[str, torch.Size]:
+    """The shapes of the run's whole model (built on the meta device: no memory)."""
+    built = {**settings.to_dict(), "in_channels": geometry[0], "image_size": geometry[1]}
+    with torch.device("meta"):
+        return {k: v.shape for k, v in build_method(built).state_dict().items()}
 
 
 def backbone_shapes(settings: RunSettings, geometry: tuple[int, int]) -> dict[str, torch.Size]:

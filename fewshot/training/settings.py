@@ -349,8 +349,9 @@ class TrainSettings(RunSettings):
     )
     init: str | None = setting(
         None,
-        help="start the backbone from this fewshot pretrain checkpoint (Meta-Baseline; "
-        "embedding method)",
+        help="start from this checkpoint's weights: a fewshot pretrain checkpoint's backbone "
+        "(Meta-Baseline), or the whole model of a fewshot train checkpoint of the same method "
+        "and architecture (fine-tuning it, or training it on with another schedule)",
     )
     way: int = setting(5, help="classes per training episode (with --varied: the fewest)", low=1)
     shot: int = setting(1, help="support images per class (with --varied: the most)", low=1)

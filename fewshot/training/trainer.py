@@ -38,9 +38,10 @@ from fewshot.runtime.precision import precision_name
 from fewshot.runtime.run_folder import RunFolder
 from fewshot.runtime.signals import Interrupted, StopRequests
 from fewshot.training.checkpoint import (
+    InitWeights,
     backbone_weights,
+    init_weights,
     non_finite,
-    pretrained_backbone,
     restore_training,
     training_checkpoint,
     without_fetch,
@@ -78,14 +79,13 @@ def make_optimizer(settings: RunSettings, method: Method) -> torch.optim.Optimiz
     )
 
 
-def init_backbone(settings: RunSettings) -> dict[str, torch.Tensor] | None:
-    """The backbone weights a run starts from (--init or --backbone-weights), checked; None
-    without."""
+def initial_weights(settings: RunSettings) -> InitWeights | None:
+    """The weights a run starts from (--init or --backbone-weights), checked; None without."""
     if settings.backbone_weights:
-        return backbone_weights(settings, settings.geometry)
+        return InitWeights("backbone", backbone_weights(settings, settings.geometry))
     if not (isinstance(settings, TrainSettings) and settings.init):
         return None
-    return pretrained_backbone(settings.init, settings, settings.geometry)
+    return init_weights(settings.init, settings, settings.geometry)
 
 
 def read_data(settings: RunSettings) -> tuple[ImageSplit, ImageSplit]:
@@ -163,12 +163,12 @@ class Trainer:
         dist: Distributed | None = None,
         data: tuple[ImageSplit, ImageSplit] | None = None,
         resume: tuple[str, dict] | None = None,
-        init: dict[str, torch.Tensor] | None = None,
+        init: InitWeights | None = None,
     ):
         """Set up a run on `device` (resolved by the caller, like `dist`); `data` = (train,
         val) replaces reading the dataset from disk; `resume` = (path, contents) of the
-        checkpoint to continue; `init`: the backbone weights of --init when the caller has
-        read them already."""
+        checkpoint to continue; `init`: the weights of --init or --backbone-weights
+        when the caller has read them already."""
         self.settings = settings
         dist = dist or Distributed()
         self.device, self.dist = device, dist
@@ -177,7 +177,7 @@ class Trainer:
             # DDP's gradient hooks do not take.
             raise FewshotError("--varied episodes train in one process: run without torchrun")
         if init is None and not resume:
-            init = init_backbone(settings)  # checked before any data is read
+            init = initial_weights(settings)  # checked before any data is read
         # Validated as the model will be evaluated: normalised as its training images.
         train, val = data or read_data(settings)
         self.train_data = settings.normalized(train)  # a library backbone's own, if it applies
@@ -203,7 +203,7 @@ class Trainer:
         if hasattr(self.method, "batching"):  # the MAML family: the formulation that runs here
             self.config["batching"] = resolve_batching(self.method.batching, device.type)
         if init is not None:
-            self.method.backbone.load_state_dict(init)
+            init.load_into(self.method)
         if settings.freeze_backbone:
             self.method.backbone.requires_grad_(False)
         if settings.channels_last:
