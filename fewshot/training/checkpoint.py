@@ -180,17 +180,8 @@ def init_weights(
                 f"{settings.method}"
             )
         part, want, state = "model", method_shapes(settings, geometry), dict(model)
-        options = {
-            "backbone_options": saved["backbone_options"],
-            "method_options": saved["method_options"],
-        }
-        trained = f"trained with {json.dumps(options)}"
-        mine = "this run has " + json.dumps(
-            {
-                "backbone_options": settings.backbone_options,
-                "method_options": settings.method_options,
-            }
-        )
+        trained = f"trained with {architecture(saved)}"
+        mine = f"this run has {architecture(settings.to_dict())}"
     bad = non_finite(state)
     if not state or bad:
         raise FewshotError(f"--init {path}: no finite {part} weights ({', '.join(bad[:3])})")
@@ -204,22 +195,28 @@ def init_weights(
     return InitWeights(part, state)
 
 
-def method_shapes(settings: TrainSettings, geometry: tuple[int, int]) -> dict[str, torch.Size]:
-    """The shapes of the run's whole model (built on the meta device: no memory)."""
-    built = {**settings.to_dict(), "in_channels": geometry[0], "image_size": geometry[1]}
-    with torch.device("meta"):
-        return {k: v.shape for k, v in build_method(built).state_dict().items()}
+def architecture(settings: dict) -> str:
+    """The options that shape a model's weights, as JSON (for refusals)."""
+    return json.dumps({k: settings[k] for k in ("backbone_options", "method_options")})
 
 
-def backbone_shapes(settings: RunSettings, geometry: tuple[int, int]) -> dict[str, torch.Size]:
-    """The shapes of the run's backbone weights (built on the meta device: no memory)."""
+def meta_method(settings: RunSettings, geometry: tuple[int, int]) -> Method:
+    """The run's model built on the meta device (shapes, no memory)."""
     built = {**settings.to_dict(), "in_channels": geometry[0], "image_size": geometry[1]}
     with torch.device("meta"):
         if settings.stage == "pretrain":  # any number of classes: the backbone is the same
-            method = build_pretrain_method({**built, "classes": 2})
-        else:
-            method = build_method(built)
-    return {k: v.shape for k, v in method.backbone.state_dict().items()}
+            return build_pretrain_method({**built, "classes": 2})
+        return build_method(built)
+
+
+def method_shapes(settings: TrainSettings, geometry: tuple[int, int]) -> dict[str, torch.Size]:
+    """The shapes of the run's whole model."""
+    return {k: v.shape for k, v in meta_method(settings, geometry).state_dict().items()}
+
+
+def backbone_shapes(settings: RunSettings, geometry: tuple[int, int]) -> dict[str, torch.Size]:
+    """The shapes of the run's backbone weights."""
+    return {k: v.shape for k, v in meta_method(settings, geometry).backbone.state_dict().items()}
 
 
 def first_misfit(state: dict[str, torch.Tensor], want: dict[str, torch.Size]) -> str | None:
