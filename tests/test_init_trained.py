@@ -78,4 +78,6 @@ def test_another_method_or_architecture_is_refused_before_any_data(tmp_path, cap
     twenty = [*argv, "--init", maml, "--method", "maml", "--way", "20"]
     err = refused([*twenty, "--backbone-options", '{"downsample": "stride"}'], capsys)
     assert "(network.classifier.weight: 5x" in err and "there, 20x" in err
+    err = refused([*argv, "--init", str(tmp_path / "missing.pt")], capsys)
+    assert f"--init: checkpoint not found: {tmp_path / 'missing.pt'}" in err
     assert not out.exists()  # refused before any folder was made

@@ -152,7 +152,10 @@ def init_weights(
     the same method and architecture (to fine-tune it on other data or train it on with
     another schedule). Refused in one line when the checkpoint is of another backbone,
     method, architecture or image geometry."""
-    ckpt = load_checkpoint(path)
+    try:
+        ckpt = load_checkpoint(path)
+    except FewshotError as e:
+        raise FewshotError(f"--init: {e}") from None
     stage = checkpoint_stage(ckpt, path)
     saved = checkpoint_settings(ckpt, path, stage, "--init")
     config = ckpt["config"]
