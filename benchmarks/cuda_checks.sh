@@ -6,7 +6,8 @@
 # every method and head with their CUDA defaults (Matching and Relation Networks among them),
 # `fewshot pretrain` and two test-time classifiers on its features, the Omniglot trainval
 # ProtoNet trained end to end and evaluated, the SVM head's solvers side by side, the iterative
-# test-time classifiers (20-way PT-MAP among them), and the MetaOptNet side-by-side when
+# test-time classifiers (20-way PT-MAP among them), P>M>F's fine-tuning one episode at a
+# time against a batch at once, and the MetaOptNet side-by-side when
 # the shared reference folder is beside the repository. Each part has its own time limit, so a
 # slow part cannot starve the others; summary.txt gives each part's exit status and seconds.
 #
@@ -67,6 +68,7 @@ if [ "$smoke" = 1 ]; then
     episodes=16
     svm=(--cases 3w2s2q/16 --episodes 2 --repeats 1)
     classifiers=(--smoke)
+    pmf=(--smoke)
     # The pretrained features of the 688 validation classes: embedding the 1692 test classes
     # took most of the two classifiers' parts.
     classifier_split=(--split val)
@@ -85,15 +87,17 @@ else
     classifier_split=()
     # The goal of the issue of speed: 2000 twenty-way PT-MAP episodes in under 10 s.
     classifiers=(--way 20 --goal 10)
+    # 64 episodes of 20 steps, to fit the part's limit (the GPU times are not measured yet).
+    pmf=(--episodes 64 --steps 20)
 fi
 "$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
     >>"$out/summary.txt"
 part pytest_cuda 30 "$python" -m pytest -q -p no:cacheprovider tests/test_cuda.py \
     tests/test_augment.py
-part bench_throughput 60 "$python" -m benchmarks.bench_throughput --device "$device" \
+part bench_throughput 45 "$python" -m benchmarks.bench_throughput --device "$device" \
     "${throughput[@]}"
 part bench_ehg 40 "$python" -m benchmarks.bench_ehg --device "$device" "${ehg[@]}"
-part bench_precision 60 "$python" -m benchmarks.bench_precision --device "$device" \
+part bench_precision 50 "$python" -m benchmarks.bench_precision --device "$device" \
     "${precision[@]}"
 part bench_adaptation 25 "$python" -m benchmarks.bench_adaptation --device "$device" \
     "${adaptation[@]}"
@@ -135,6 +139,7 @@ part eval_trainval 20 "$python" -m fewshot eval --checkpoint "$runs/trainval/las
 part bench_svm 30 "$python" -m benchmarks.bench_svm --device "$device" "${svm[@]}"
 part bench_classifiers 40 "$python" -m benchmarks.bench_classifiers --device "$device" \
     "${classifiers[@]}"
+part bench_pmf 25 "$python" -m benchmarks.bench_pmf --device "$device" "${pmf[@]}"
 if [ -d ../shared/reference ] && [ "$smoke" = 0 ]; then
     for backbone in conv4 resnet12; do
         part "bench_vs_metaoptnet_$backbone" 30 "$python" -m benchmarks.bench_vs_metaoptnet \

@@ -19,6 +19,7 @@ from benchmarks import (
     bench_hpo,
     bench_hpo_cleaning,
     bench_memmap,
+    bench_pmf,
     bench_predict,
     bench_vs_metaoptnet,
 )
@@ -60,6 +61,23 @@ def test_bench_classifiers_smoke(monkeypatch, capsys):
         assert float(figures[1]) >= 0 and float(figures[2]) >= 0 and 90 < float(figures[3]) <= 100
     goal = r"^goal: 16 episodes in one call under 60 s each: (met|MISSED by .+)$"
     assert re.search(goal, out, re.M), out
+
+
+def test_bench_pmf_smoke(monkeypatch, capsys):
+    out = run(monkeypatch, capsys, bench_pmf, "--smoke", "--device", "cpu")
+    assert "4 seeded 5-way 1-shot 2-query Omniglot test episodes (seed 0), 2 a call" in out
+    rows = [
+        re.search(rf"^{name} +({NUMBER}) +({NUMBER}) ± {NUMBER}$", out, re.M)
+        for name in ("one at a time", "2 at once")
+    ]
+    assert all(rows), out
+    (alone, one), (together, both) = (map(float, row.groups()) for row in rows)
+    assert one == both and 50 < one <= 100  # the same accuracies: the same fine-tuning
+    assert "episodes whose accuracy differs: 0/4" in out
+    ratio = float(re.search(rf"batched / one at a time: ({NUMBER})x the time", out)[1])
+    # The ratio of the times before they were rounded to 0.01 s.
+    low, high = (together - 0.005) / (alone + 0.005), (together + 0.005) / max(alone - 0.005, 1e-9)
+    assert low - 0.005 <= ratio <= high + 0.005
 
 
 def test_bench_hpo_smoke(monkeypatch, capsys, tmp_path):

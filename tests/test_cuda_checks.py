@@ -15,7 +15,7 @@ TRAINED = ["embedding_protonet", "embedding_ridge", "embedding_svm", "maml", "fo
 TRAINED += ["imaml", "matching", "relation", "anil_channels_last", "trainval"]
 PARTS = ["pytest_cuda", "bench_throughput", "bench_ehg", "bench_precision", "bench_adaptation"]
 PARTS += [f"train_{name}" for name in TRAINED] + ["eval_trainval", "bench_svm"]
-PARTS += ["pretrain", "eval_logistic", "eval_pt-map", "bench_classifiers"]
+PARTS += ["pretrain", "eval_logistic", "eval_pt-map", "bench_classifiers", "bench_pmf"]
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from fewshot.backbones import Conv4
+from fewshot.backbones import Conv4, build_backbone
 from fewshot.cli.main import main
 from fewshot.datasets import REPO_DATA
 from fewshot.datasets.augment import TrainAugment
@@ -20,6 +20,7 @@ from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluation.episodes import episode_accuracies, seeded_episodes
 from fewshot.methods.embedding import EmbeddingMethod
 from fewshot.methods.test_time_finetune import PmfAdapter, PmfOptions
+from fewshot.runtime.errors import FewshotError
 from fewshot.training.checkpoint import load_trained
 
 CPU = torch.device("cpu")
@@ -229,3 +230,77 @@ def test_predict_refuses_pmf_before_reading_images(tmp_path, capsys):
     assert main([*argv, "--query", str(tmp_path / "none"), "--classifier", "pmf"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--classifier pmf fine-tunes the backbone on the seeded episodes of fewshot eval" in err
+
+
+def small_backbone(name: str) -> torch.nn.Module:
+    """A small seeded backbone of each kind batched fine-tuning vmaps: Conv-4, a narrow
+    ResNet-12, a timm model (at 32x32 grey)."""
+    torch.manual_seed(0)
+    if name == "resnet12":
+        return build_backbone("resnet12", 1, 32, channels=(8, 8, 16, 16), avg_pool=True)
+    return build_backbone(name, 1, 32)
+
+
+@pytest.mark.parametrize("name", ["conv4", "resnet12", "timm:resnet10t"])
+def test_batched_fine_tuning_equals_one_episode_at_a_time(omniglot_test, name):
+    """`fit_batched`'s stacked weights are, episode by episode, `fit`'s on the module (the
+    same augmentation draws), and the module is untouched; the accuracies of a batched
+    solver are those of one episode at a time."""
+    if name.startswith("timm"):
+        pytest.importorskip("timm")
+    split = small_split(omniglot_test)
+    split = ImageSplit(
+        torch.nn.functional.pad(split.images, (2, 2, 2, 2)),
+        split.labels,
+        split.class_names,
+        (0.0,),
+        (1.0,),
+        "padded",
+    )  # 32x32: a size every backbone here takes
+    model = EmbeddingMethod(small_backbone(name), "protonet", amp="off").eval()
+    adapter = PmfAdapter(model, PmfOptions(steps=3, lr=0.05))
+    augment = TrainAugment((0.0,), (1.0,), 32, padding=4, jitter=0.0)
+    way, shot, episodes = 3, 2, 3
+    index = torch.stack(
+        [
+            torch.cat([torch.nonzero(split.labels == c)[e : e + shot, 0] for c in range(way)])
+            for e in range(episodes)
+        ]
+    )
+    raw = split.images[index]  # [E, way * shot, 1, 32, 32]
+    before = {k: v.clone() for k, v in model.backbone.state_dict().items()}
+    generators = [torch.Generator().manual_seed(seed) for seed in range(episodes)]
+    stacked = adapter.fit_batched(raw, raw.float() / 255, shot, augment, generators)
+    for key, value in model.backbone.state_dict().items():
+        assert torch.equal(value, before[key]), key
+    assert stacked and all(len(w) == episodes for w in stacked.values())
+    for e in range(episodes):
+        adapter.fit(raw[e], raw[e].float() / 255, shot, augment, torch.Generator().manual_seed(e))
+        tuned = dict(model.backbone.named_parameters())
+        for key, weights in stacked.items():
+            torch.testing.assert_close(weights[e], tuned[key], rtol=1e-4, atol=1e-5, msg=key)
+        assert any(not torch.equal(stacked[k][e], before[k]) for k in stacked)
+        model.backbone.load_state_dict(before)
+
+    shape = EpisodeShape(5, 1, 3, 4)
+    one_at_a_time = episode_accuracies(model, split, shape, 8, 0, CPU)
+    adapter.options = PmfOptions(steps=3, lr=0.05, batched=True)
+    assert torch.equal(episode_accuracies(model, split, shape, 8, 0, CPU), one_at_a_time)
+
+
+def test_batched_fine_tuning_holds_every_episodes_weights_and_refuses_fp16():
+    """The memory estimate of a batch fine-tuned at once is that of one episode times the
+    batch; fp16 (its loss scale one episode's) is refused batched and runs one at a time
+    by default."""
+    model = small_model()
+    one = PmfAdapter(model, PmfOptions(batched=False)).memory_terms(8, 5, 1, CPU)
+    eight = PmfAdapter(model, PmfOptions(batched=True)).memory_terms(8, 5, 1, CPU)
+    assert [term.size * 8 for term in one] == [term.size for term in eight]
+    assert eight[0].what == "fine-tuning on 80 images" and eight[0].lower == "--episodes-per-batch"
+    weights = sum(p.numel() * 4 for p in model.backbone.parameters())
+    assert one[1].size == 3 * weights and one[1].lower is None
+    assert not PmfAdapter(model, PmfOptions()).batches(CPU)
+    model.amp = "fp16"
+    assert not PmfAdapter(model, PmfOptions()).batches(torch.device("cuda"))
+    with pytest.raises(FewshotError, match="pmf batched fine-tuning does not take fp16"):
+        PmfAdapter(model, PmfOptions(batched=True)).batches(CPU)

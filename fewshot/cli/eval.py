@@ -120,7 +120,8 @@ class ModelSettings:
     classifier_options: dict = setting(
         help="the classifier's keyword options as JSON, e.g. '{\"cl2n\": true}' (centroid: "
         "SimpleShot's centring on the base-class mean and L2 normalisation), '{\"C\": 1}' or "
-        '\'{"steps": 50, "lr": 1e-3}\' (pmf; without lr: chosen on validation episodes)',
+        '\'{"steps": 50, "lr": 1e-3}\' (pmf; without lr: chosen on validation episodes; '
+        '"batched": a batch\'s episodes at once, default on a GPU)',
         default_factory=dict,
     )
 

@@ -12,6 +12,7 @@ import hashlib
 import inspect
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -41,8 +42,20 @@ EMBED_BATCH = 512
 # The learned scale's starting value per head: Meta-Baseline's cosine logits start at 10
 # (cosines alone are too flat for a softmax); the distance heads start at 1.
 INITIAL_SCALES = {"cosine": 10.0}
-# (split, shot or varied shape, device, stop) -> the solver of the split's episodes.
-Adapter = Callable[[ImageSplit, int | VariedShape, torch.device, Stop | None], EpisodeSolver]
+
+
+class Adapter(Protocol):
+    """Adapts the backbone to each test episode (P>M>F's fine-tuning)."""
+
+    def __call__(
+        self, split: ImageSplit, shot: int | VariedShape, device: torch.device, stop: Stop | None
+    ) -> EpisodeSolver:
+        """The solver of `split`'s episodes."""
+
+    def memory_terms(
+        self, episodes: int, way: int, shot: int, device: torch.device
+    ) -> list[MemoryTerm]:
+        """What adapting to a batch of `episodes` episodes holds besides the evaluation."""
 
 
 class EmbeddingMethod(Method):
@@ -239,7 +252,12 @@ class EmbeddingMethod(Method):
         self, episodes: int, way: int, pool: int, shot: int, images: int, cache: bool
     ) -> list[MemoryTerm]:
         """With the cache: the backbone on one embedding batch of the split, the cached
-        embeddings of its `images` images and the head's terms (no backbone per episode)."""
+        embeddings of its `images` images and the head's terms (no backbone per episode); with
+        an adapter, its terms too."""
+        if self.adapter is not None:
+            device = next(self.parameters()).device
+            adapting = self.adapter.memory_terms(episodes, way, shot, device)
+            return super().evaluation_terms(episodes, way, pool, shot, images, False) + adapting
         if not cache:
             return super().evaluation_terms(episodes, way, pool, shot, images, cache)
         return [
