@@ -11,9 +11,9 @@ Each episode's augmentation is seeded by the episode itself (its images' indices
 
 Episodes of equal shots may be fine-tuned at once (`batched`): each its own copy of the
 backbone's weights, one vmapped forward of all of them (torch.func), the module itself never
-changed. A GPU gains from it, launch-bound on one small episode; a CPU loses (grouped
-convolutions: about 2x the time of one episode after another for Conv-4), so it is on by
-default on a GPU only.
+changed. It is meant for a GPU, launch-bound on one small episode (benchmarks/bench_pmf.py);
+a CPU loses (grouped convolutions: 1.1-1.8x the time of one episode after another for the
+Omniglot Conv-4), so it is on by default on a GPU only.
 """
 
 from __future__ import annotations
