@@ -78,17 +78,19 @@ def test_a_training_step_that_cannot_fit_is_refused_before_the_first(
 def test_validation_drops_a_cache_that_does_not_fit_with_the_same_accuracy(
     memory_of, tiny_omniglot_root, tmp_path
 ):
-    base = {"data_root": str(tiny_omniglot_root), "val_episodes": 6, "amp": "off"}
+    # 60 validation episodes of 5 x 2 images: more than the 480 of the tiny validation split,
+    # so the cache pays.
+    base = {"data_root": str(tiny_omniglot_root), "val_episodes": 60, "amp": "off"}
     # Small episodes: the cache path's backbone on a whole embedding batch is what is largest.
     base.update(query=1, episodes_per_batch=1)
     settings = make_config(None, {**base, "device": "cpu", "out": str(tmp_path / "a")})
     cached = make_trainer(settings)
     assert cached.val_cache
-    # Room for a training step and a validation batch (of at most 6 episodes), not for the
+    # Room for a training step and a validation batch (of at most 60 episodes), not for the
     # cached embeddings of the validation split with the backbone that embeds them.
     shape, images = cached.val_shape, len(cached.val_data.labels)
     need = {
-        cache: sum(t.size for t in evaluation_terms(cached.method, shape, 6, images, cache))
+        cache: sum(t.size for t in evaluation_terms(cached.method, shape, 60, images, cache))
         for cache in (False, True)
     }
     step = sum(t.size for t in cached.batches.memory_terms(cached.method, 1))
@@ -100,6 +102,29 @@ def test_validation_drops_a_cache_that_does_not_fit_with_the_same_accuracy(
     assert not uncached.val_cache
     uncached.method.load_state_dict(cached.method.state_dict())
     assert uncached.validate() == cached.validate()
+
+
+def test_validation_embeds_its_episodes_where_they_hold_fewer_images_than_the_split(
+    tiny_omniglot_root, tmp_path
+):
+    """The cache embeds the whole validation split once per validation: with fewer episode
+    images than the split's (5 episodes of 5 x 16 against 480) validation embeds the episodes,
+    with the same accuracy; a frozen backbone keeps its features on disk: cached anyway."""
+    base = {"data_root": str(tiny_omniglot_root), "amp": "off", "device": "cpu"}
+    few = make_config(None, {**base, "val_episodes": 5, "out": str(tmp_path / "a")})
+    many = make_config(None, {**base, "val_episodes": 7, "out": str(tmp_path / "b")})
+    torch.manual_seed(0)
+    uncached = make_trainer(few)
+    assert len(uncached.val_data.labels) == 480 and not uncached.val_cache
+    cached = make_trainer(many)  # 7 x 80 = 560 images: the cache pays
+    assert cached.val_cache
+    cached.method.load_state_dict(uncached.method.state_dict())
+    cached.settings = few  # the same 5 episodes
+    assert uncached.validate() == cached.validate()
+    frozen = make_config(
+        None, {**base, "val_episodes": 5, "freeze_backbone": True, "out": str(tmp_path / "c")}
+    )
+    assert make_trainer(frozen).val_cache
 
 
 def test_an_evaluation_whose_cache_cannot_fit_is_refused_naming_no_cache(memory_of):

@@ -33,8 +33,10 @@ from fewshot.datasets.varied import (
 )
 from fewshot.evaluation.episodes import (
     EvalResult,
+    cache_pays,
     episode_accuracies,
     episode_records,
+    episodes_images,
     evaluation_terms,
 )
 from fewshot.heads import CLASSIFIERS, TRANSDUCTIVE, check_head
@@ -331,9 +333,7 @@ class EpisodeSettings(ModelSettings):
     @property
     def episode_images(self) -> int:
         """The images of all the episodes: what an evaluation without the cache embeds."""
-        shape = self.shape
-        way = shape.max_way if isinstance(shape, VariedShape) else shape.way
-        return self.episodes * way * shape.pool
+        return episodes_images(self.shape, self.episodes)
 
     def cache_for(self, method: Method, images: int) -> bool:
         """Whether `method` evaluates with the cache on a split of `images` images: --cache or
@@ -341,7 +341,7 @@ class EpisodeSettings(ModelSettings):
         (embedding it once costs less than embedding every episode)."""
         if self.cache is not None:
             return self.cache
-        return method.caches and images < self.episode_images
+        return cache_pays(method, images, self.shape, self.episodes)
 
     def cache_note(self, method: Method, images: int) -> str | None:
         """The line that says what the default chose for `method` on a split of `images`

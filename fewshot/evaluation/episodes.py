@@ -81,6 +81,22 @@ def _rebatched(sampler: EpisodeSampler, batch: int, episodes: int) -> Iterator[t
         pending, held = [drawn[size:]], held - size
 
 
+def episodes_images(shape: EpisodeShape | VariedShape, episodes: int) -> int:
+    """The images of `episodes` episodes of `shape` (varied: at their largest way): what an
+    evaluation without the cache embeds."""
+    way = shape.max_way if isinstance(shape, VariedShape) else shape.way
+    return episodes * way * shape.pool
+
+
+def cache_pays(
+    method: Method, images: int, shape: EpisodeShape | VariedShape, episodes: int
+) -> bool:
+    """Whether embedding a split of `images` images once, `method`'s evaluation cache, costs
+    less than embedding each of `episodes` episodes of `shape`: where it has one and the split
+    has fewer images than the episodes."""
+    return method.caches and images < episodes_images(shape, episodes)
+
+
 def evaluation_terms(
     method: Method, shape: EpisodeShape | VariedShape, episodes: int, images: int, cache: bool
 ) -> list[MemoryTerm]:

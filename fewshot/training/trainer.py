@@ -24,7 +24,7 @@ from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import episode_images
 from fewshot.datasets.sources import join_splits
 from fewshot.datasets.varied import check_episode_shape
-from fewshot.evaluation.episodes import evaluate, evaluation_terms
+from fewshot.evaluation.episodes import cache_pays, evaluate, evaluation_terms
 from fewshot.evaluation.metrics import metrics_row
 from fewshot.methods import Method
 from fewshot.methods.batching import resolve_batching
@@ -246,7 +246,9 @@ class Trainer:
     def _check_memory(self) -> None:
         """Refuse, before the first step, a training step or a validation batch that cannot
         fit in what the device has available (lower bounds from the shapes, per method), and
-        validate without the embedding cache where the cache would not fit (same accuracies)."""
+        validate with the embedding cache where it pays and fits (same accuracies either way):
+        it pays where the validation split has fewer images than the validation episodes, or
+        where a frozen backbone keeps the split's features on disk, embedded once a run."""
         terms = self.batches.memory_terms(self.method, self.dist.world)
         if terms:
             check_memory(terms, self.device, "one training step")
@@ -257,9 +259,10 @@ class Trainer:
         terms = [replace(t, lower="--val-way or --val-query") for t in terms]
         if terms:
             check_memory(terms, self.device, "a validation batch")
+        pays = self.settings.freeze_backbone or cache_pays(self.method, images, shape, episodes)
         cached = evaluation_terms(self.method, shape, episodes, images, cache=True)
-        self.val_cache = fits(sum(t.size for t in cached), self.device)
-        if not self.val_cache:
+        self.val_cache = pays and fits(sum(t.size for t in cached), self.device)
+        if pays and not self.val_cache:
             need = format_bytes(self.method.cache_bytes(images))
             tqdm.write(f"validation embeds every episode: its cache would need {need}")
 
