@@ -144,3 +144,20 @@ def test_two_process_runs_end_cleanly_every_time(tmp_path, tiny_omniglot_root):
         out = tmp_path / f"run{attempt}"
         torchrun(["-m", "fewshot", "pretrain", f"--config={config}", f"--out={out}"], env)
         assert (out / "last.pt").is_file()
+
+
+@pytest.mark.parametrize(("world", "status"), [("2", 3), ("1", 0)])
+def test_a_finished_rank_ends_without_the_interpreters_finalisation(world, status):
+    """Under torchrun (WORLD_SIZE > 1) `end_rank` exits with the command's status, its output
+    flushed, and no finalisation (an atexit handler stands for it); alone it returns."""
+    code = (
+        "import atexit\n"
+        "from fewshot.runtime.distributed import end_rank\n"
+        "atexit.register(lambda: print('finalised'))\n"
+        "print('done')\n"
+        "end_rank(3)\n"
+    )
+    env = {**os.environ, "WORLD_SIZE": world}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert done.returncode == status, done.stderr
+    assert done.stdout.split() == (["done"] if world == "2" else ["done", "finalised"])

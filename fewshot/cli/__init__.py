@@ -10,8 +10,10 @@ def run() -> int:
 
     with signals_stop_at_once():
         from fewshot.cli.main import main
+        from fewshot.runtime.distributed import end_rank
     status = main()
     # The command is done: a signal now would only kill the interpreter's exit (status -2, or
     # a traceback from its finalisation).
     ignore_signals()
+    end_rank(status)  # under torchrun: no finalisation to abort a finished rank
     return status
