@@ -131,6 +131,11 @@ def refused(argv: list[str], capsys) -> str:
             "--backbone 'timm:vit_tiny_patch16_224' cannot take 1x28x28 images",
         ),
         (
+            ["--backbone", "torchvision:vit_b_16"],
+            "--backbone 'torchvision:vit_b_16' cannot take 1x28x28 images: Input shape "
+            "indivisible by patch size!",
+        ),
+        (
             ["--backbone", "timm:resnet10t", "--backbone-options", '{"depth": 3}'],
             "--backbone-options 'timm:resnet10t' options ['depth']: ResNet.__init__() got an "
             "unexpected keyword argument 'depth'",

@@ -173,6 +173,11 @@ class LibraryBackbone(nn.Module):
                 built = _torchvision_model(module, name, model, image_size, fetch, options)
         except TypeError as e:  # an option the model's constructor does not take
             raise ValueError(f"{name!r} options {sorted(options)}: {summary(e)}") from None
+        except AssertionError as e:  # a constructor's check of the size (torchvision's ViT)
+            raise ValueError(
+                f"{name!r} cannot take {in_channels}x{image_size}x{image_size} images: "
+                f"{summary(e)}"
+            ) from None
         self.model, self.classifier = built
         self.model_input = model_input(name, options)
         self.out_dim = self._feature_dim()
