@@ -175,8 +175,7 @@ class LibraryBackbone(nn.Module):
             raise ValueError(f"{name!r} options {sorted(options)}: {summary(e)}") from None
         except AssertionError as e:  # a constructor's check of the size (torchvision's ViT)
             raise ValueError(
-                f"{name!r} cannot take {in_channels}x{image_size}x{image_size} images: "
-                f"{summary(e)}"
+                f"{name!r} cannot take {in_channels}x{image_size}x{image_size} images: {summary(e)}"
             ) from None
         self.model, self.classifier = built
         self.model_input = model_input(name, options)
