@@ -13,6 +13,7 @@ import torch
 from trainers import make_trainer
 
 from fewshot.cli.main import main
+from fewshot.datasets.base import ImageSplit
 from fewshot.methods.embedding import EmbeddingMethod
 from fewshot.methods.feature_cache import FeatureCache, backbone_digest
 from fewshot.runtime.errors import FewshotError
@@ -204,3 +205,24 @@ def test_a_stop_while_embedding_leaves_a_checkpoint_to_resume(
     resumed = make_trainer(settings, resume=str(last))
     resumed.fit()
     assert resumed.train_features is not None and len(metrics(resumed.run_dir)) == 1
+
+
+def test_a_splits_fingerprint_is_hashed_once_until_its_tensors_change(monkeypatch):
+    """The cache asks for the split's fingerprint at every validation: hashed once for the
+    same tensors, again after an in-place change or new tensors, always the hash of what the
+    split holds now."""
+    images = torch.randint(0, 256, (6, 1, 4, 4), dtype=torch.uint8)
+    split = ImageSplit(images, torch.tensor([0, 0, 0, 1, 1, 1]), ["a", "b"], (0.0,), (1.0,))
+    hashed = []
+    digest = ImageSplit._digest
+    monkeypatch.setattr(ImageSplit, "_digest", lambda self: hashed.append(1) or digest(self))
+    first = split.fingerprint()
+    assert split.fingerprint() == first and len(hashed) == 1
+    split.images[0, 0, 0, 0] ^= 1  # in place
+    changed = split.fingerprint()
+    assert changed != first and len(hashed) == 2
+    split.images[0, 0, 0, 0] ^= 1
+    split.labels = torch.tensor([0, 0, 0, 1, 1, 0])  # a new tensor
+    assert split.fingerprint() not in (first, changed) and len(hashed) == 3
+    fresh = ImageSplit(split.images.clone(), split.labels.clone(), ["a", "b"], (0.0,), (1.0,))
+    assert fresh.fingerprint() == split.fingerprint() and len(hashed) == 4

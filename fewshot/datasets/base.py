@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 
 import torch
 
@@ -30,6 +31,11 @@ class ImageSplit:
     source: str = ""
     files: tuple[str, ...] = ()
     parts: tuple[tuple[str, int], ...] = ()
+    # The last fingerprint and what it was of: the images and labels tensors (weakly held)
+    # with their version counters, which every in-place change moves.
+    _fingerprint: tuple[tuple, str] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if self.images.dtype != torch.uint8 or self.images.dim() != 4:
@@ -63,7 +69,21 @@ class ImageSplit:
 
     def fingerprint(self) -> str:
         """SHA-256 of the images (as [N, H, W, C] bytes) and labels, what episodes are drawn
-        from: the same however the split was read or stored, whatever its class names."""
+        from: the same however the split was read or stored, whatever its class names.
+        Computed once for the same tensors unchanged (a feature cache asks at every
+        validation; tieredImageNet's validation images take seconds)."""
+        images, labels = self.images, self.labels
+        if self._fingerprint is not None:
+            (image_ref, image_version, label_ref, label_version), digest = self._fingerprint
+            same = image_ref() is images and label_ref() is labels
+            if same and (image_version, label_version) == (images._version, labels._version):
+                return digest
+        key = (weakref.ref(images), images._version, weakref.ref(labels), labels._version)
+        self._fingerprint = key, self._digest()
+        return self._fingerprint[1]
+
+    def _digest(self) -> str:
+        """`fingerprint`, computed."""
         digest = hashlib.sha256(repr(tuple(self.images.shape)).encode())
         for start in range(0, len(self.images), 4096):
             chunk = self.images[start : start + 4096].permute(0, 2, 3, 1).contiguous()
