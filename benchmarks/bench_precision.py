@@ -118,7 +118,8 @@ def print_eval(args, device) -> None:
     for amp in PRECISIONS:
         model.amp = amp
         seconds[amp], accuracies[amp] = once(
-            lambda: episode_accuracies(model, split, shape, args.episodes, 0, device), device
+            lambda: episode_accuracies(model, split, shape, args.episodes, 0, device, True),
+            device,
         )
     differ = int((accuracies["off"] != accuracies["bf16"]).sum())
     for amp in PRECISIONS:

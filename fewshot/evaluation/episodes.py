@@ -115,7 +115,7 @@ def episode_accuracies(
     episodes: int,
     seed: int,
     device: torch.device,
-    cache: bool = True,
+    cache: bool | None = None,
     progress: bool = False,
     stop: Stop | None = None,
 ) -> torch.Tensor:
@@ -123,9 +123,11 @@ def episode_accuracies(
     the same whatever shape.episodes_per_batch (see EPISODE_BLOCK).
 
     `cache` lets the method reuse work across episodes where that is exact (embedding
-    methods embed every image once). `stop` is polled between batches (Interrupted is raised
-    when it reports a signal).
+    methods embed every image once; None: where that pays, `cache_pays`). `stop` is polled
+    between batches (Interrupted is raised when it reports a signal).
     """
+    if cache is None:
+        cache = cache_pays(method, len(split.labels), shape, episodes)
     method.eval()
     batches = seeded_episodes(split, shape, episodes, seed)  # before the solver's work
     solve = method.solver(split, shape_shot(shape), device, cache, stop)
@@ -145,11 +147,12 @@ def evaluate(
     episodes: int,
     seed: int,
     device: torch.device,
-    cache: bool = True,
+    cache: bool | None = None,
     progress: bool = False,
     stop: Stop | None = None,
 ) -> EvalResult:
-    """Mean accuracy ± 95% CI (percent) over `episodes` seeded episodes."""
+    """Mean accuracy ± 95% CI (percent) over `episodes` seeded episodes (`cache` as
+    `episode_accuracies`)."""
     acc = episode_accuracies(method, split, shape, episodes, seed, device, cache, progress, stop)
     return EvalResult.of(acc, shape, seed)
 
