@@ -210,7 +210,7 @@ class PmfAdapter:
             generators,
         )
         with torch.no_grad():
-            features = self.embed_with(weights, images.flatten(1, 2))
+            features = self.embedder(weights)(images.flatten(1, 2))
             embeddings = features.view(*images.shape[:3], -1)
             return episode_loss(embeddings, self.model.head, self.model.scale, shot)[1]
 
@@ -226,12 +226,11 @@ class PmfAdapter:
         support images, class by class (normalised; `raw_support` the same as uint8; `shot`
         per class, or a varied episode's shots [1, way]), against copies augmented by
         `augment` with `generator`."""
-        backbone = self.model.backbone
 
         def embed(images: torch.Tensor) -> torch.Tensor:
             return self.model.embed(images[0], checked=False)[None]
 
-        parameters = list(backbone.parameters())
+        parameters = list(self.model.backbone.parameters())
         self.tune(parameters, embed, raw_support[None], support[None], shot, augment, [generator])
 
     def fit_batched(
@@ -249,17 +248,14 @@ class PmfAdapter:
             for name, p in self.model.backbone.named_parameters()
             if p.requires_grad
         }
-
-        def embed(images: torch.Tensor) -> torch.Tensor:
-            return self.embed_with(weights, images)
-
+        embed = self.embedder(weights)
         self.tune(list(weights.values()), embed, raw_support, support, shot, augment, generators)
         return {name: w.detach() for name, w in weights.items()}
 
-    def embed_with(self, weights: dict[str, torch.Tensor], images: torch.Tensor) -> torch.Tensor:
-        """Float32 features [E, N, d] of normalised images [E, N, C, H, W], episode e's by the
-        backbone with the e-th of the stacked `weights` (its other tensors shared), autocast
-        as the model's `embed`."""
+    def embedder(self, weights: dict[str, torch.Tensor]) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Images [E, N, C, H, W] (normalised) -> float32 features [E, N, d], episode e's by
+        the backbone with the e-th of the stacked `weights` (its other tensors shared),
+        autocast as the model's `embed`."""
         backbone = self.model.backbone
         shared = {k: v for k, v in backbone.named_parameters() if k not in weights}
         shared |= dict(backbone.named_buffers())
@@ -267,9 +263,12 @@ class PmfAdapter:
         def one(own: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
             return functional_call(backbone, (own, shared), (x,))
 
-        dtype = autocast_dtype(self.model.amp, images.device.type)
-        with torch.autocast(images.device.type, dtype=dtype, enabled=dtype is not None):
-            return vmap(one)(weights, images).float()
+        def embed(images: torch.Tensor) -> torch.Tensor:
+            dtype = autocast_dtype(self.model.amp, images.device.type)
+            with torch.autocast(images.device.type, dtype=dtype, enabled=dtype is not None):
+                return vmap(one)(weights, images).float()
+
+        return embed
 
     def tune(
         self,
