@@ -495,6 +495,38 @@ def test_ctrl_c_while_the_commands_load_is_one_line(tmp_path):
     assert (done.returncode, done.stderr, done.stdout) == (130, "fewshot: interrupted\n", "")
 
 
+@pytest.mark.parametrize("moment", ["reading the flags", "after the command"])
+def test_ctrl_c_outside_the_commands_run_is_one_line(tmp_path, moment):
+    """A real SIGINT while `fewshot` reads its flags and tunes the allocator (C library lookup),
+    or once the command has returned its status (2 here): one line, status 130, no traceback."""
+    if moment == "reading the flags":
+        patch = (
+            "import fewshot.cli.main as m\n"
+            "m.retain_freed_memory = lambda: os.kill(os.getpid(), signal.SIGINT)\n"
+        )
+    else:
+        patch = (
+            "import fewshot.cli.main as m\n"
+            "real = m.main\n"
+            "def main():\n"
+            "    status = real()\n"
+            "    os.kill(os.getpid(), signal.SIGINT)\n"
+            "    return status\n"
+            "m.main = main\n"
+        )
+    code = (
+        "import os, signal, sys\n"
+        + patch
+        + "sys.argv = ['fewshot', 'plot', 'no-such-run', '--out', 'c.png']\n"
+        + "from fewshot.cli import run\n"
+        + "sys.exit(run())\n"
+    )
+    done = signalled(code, tmp_path)
+    error = "fewshot plot: error: cannot read no-such-run: No such file or directory\n"
+    said = (error if moment == "after the command" else "") + "fewshot: interrupted\n"
+    assert (done.returncode, done.stderr) == (130, said)
+
+
 def test_a_signal_within_an_import_ends_the_command_in_one_line(tmp_path):
     """Raised within an import, an exception leaves a half-imported module (numpy's core
     cannot load twice and its lazy attributes then recurse: a 40-line RecursionError): a

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 
 # mallopt parameters (glibc's malloc.h).
@@ -13,9 +12,9 @@ M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
 @functools.cache
 def _mallopt():
     """glibc's mallopt, or None on other C libraries (macOS, musl, Windows)."""
-    path = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(path)
+        # The C library the process already runs on (no search: find_library spawns ldconfig).
+        libc = ctypes.CDLL(None)
         libc.gnu_get_libc_version  # noqa: B018 (raises AttributeError outside glibc)
     except (OSError, AttributeError, TypeError):
         return None

@@ -5,8 +5,8 @@ Ctrl-C (SIGINT) or closes the terminal (SIGHUP). While training, `StopRequests` 
 of these into a request that the trainer honours at the next step boundary, so a saved state
 is always one the run passed through; a second signal stops at once. Elsewhere
 `signals_raise` makes each of them an `Interrupted` exception, which the command line reports
-on one line; during an import, and while the `fewshot` command loads, a signal ends the process
-at once, in one line too (`stop_at_once`).
+on one line; during an import, and in the `fewshot` command outside its run (loading, parsing
+its flags, after its work), a signal ends the process at once, in one line too (`stop_at_once`).
 """
 
 from __future__ import annotations
@@ -68,17 +68,20 @@ def _raise(signum: int, frame: FrameType | None) -> None:
 
 def ignore_signals() -> None:
     """Ignore every signal of SIGNALS from now on (main thread only)."""
+    _handle_all(signal.SIG_IGN)
+
+
+def stop_signals_at_once() -> None:
+    """From now on every signal of SIGNALS ends the process at once (`stop_at_once`), where no
+    block handles it otherwise (main thread only): for the `fewshot` command, from its start
+    to its end but for the command's own run."""
+    _handle_all(stop_at_once)
+
+
+def _handle_all(handler: Callable[[int, FrameType | None], None] | signal.Handlers) -> None:
     if threading.current_thread() is threading.main_thread():
         for signum in SIGNALS:
-            signal.signal(signum, signal.SIG_IGN)
-
-
-@contextlib.contextmanager
-def signals_stop_at_once() -> Iterator[None]:
-    """Within the block, every signal of SIGNALS ends the process at once (`stop_at_once`):
-    for the `fewshot` command while torch and the commands load."""
-    with _handled(stop_at_once):
-        yield
+            signal.signal(signum, handler)
 
 
 @contextlib.contextmanager
