@@ -85,6 +85,7 @@ def main() -> None:
     parser.add_argument("--shots", default="1,5")
     parser.add_argument("--resplits", default="1,2,5,10", help="the U values")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--query", type=int, default=15, help="queries per class")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive baseline")
     parser.add_argument("--device", default="auto")
     args = parser.parse_args()
@@ -95,7 +96,7 @@ def main() -> None:
     card = (
         torch.cuda.get_device_name() if device.type == "cuda" else f"CPU x{torch.get_num_threads()}"
     )
-    print(f"device: {card}; 5-way, 15 queries, 2 episodes per batch, 84x84, float32")
+    print(f"device: {card}; 5-way, {args.query} queries, 2 episodes per batch, 84x84, float32")
     print(
         f"{'backbone':9} {'head':8} {'shot':>4} {'U':>3} {'step s':>8} {'vs U=1':>7} {'naive':>7}"
     )
@@ -114,7 +115,7 @@ def main() -> None:
                         ),
                         way=5,
                         shot=shot,
-                        query=15,
+                        query=args.query,
                         episodes_per_batch=2,
                         resplits=u,
                         lr=1e-3,  # steps repeat on the same weights: 0.1 diverges on random images

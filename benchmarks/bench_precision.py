@@ -5,7 +5,7 @@ Everything is timed in one process on the same device, float32 and bf16 in turns
 (a) `Trainer.train_step` (sampling, gather, one forward, head, loss, backward, SGD step) per
     backbone and head, on Omniglot (2 episodes of 20-way 1-shot 15-query at 28x28, 640
     images) and on a synthetic 84x84 set (2 episodes of 5-way 1-shot 15-query, 160 images,
-    MetaOptNet's augmentation), median of --repeats rounds.
+    MetaOptNet's augmentation), median of --repeats rounds; --query: another count of queries.
 (b) cached evaluation (embed the split once, then the episodes) of N seeded episodes of the
     real Omniglot test classes with an untrained Conv-4: seconds, and in how many episodes
     the two precisions' accuracies differ.
@@ -88,11 +88,12 @@ def print_steps(backbones: list[str], heads: list[str], args, device) -> None:
     cases = []
     if not args.no_omniglot:
         omniglot = load_split("omniglot", "train", args.data_root)
-        cases.append(("Omniglot 20w1s15q x2", omniglot, EpisodeShape(20, 1, 15, 2)))
+        shape = EpisodeShape(20, 1, args.query, 2)
+        cases.append((f"Omniglot 20w1s{args.query}q x2", omniglot, shape))
     if not args.no_synthetic:
-        cases.append(("synthetic 84x84 5w1s15q x2", synthetic_split(20, 40, 84), None))
+        shape = EpisodeShape(5, 1, args.query, 2)
+        cases.append((f"synthetic 84x84 5w1s{args.query}q x2", synthetic_split(20, 40, 84), shape))
     for label, split, shape in cases:
-        shape = shape or EpisodeShape(5, 1, 15, 2)
         for backbone in backbones:
             for head in heads:
                 step_row(label[:22], backbone, head, split, shape, args, device)
@@ -216,6 +217,7 @@ def main() -> None:
     parser.add_argument("--backbones", default="conv4,resnet12", help="e.g. conv4,resnet12")
     parser.add_argument("--heads", default="protonet,ridge,svm", help="train-step heads")
     parser.add_argument("--repeats", type=int, default=3, help="timed rounds of (a) (median)")
+    parser.add_argument("--query", type=int, default=15, help="queries per class of (a)")
     parser.add_argument("--episodes", type=int, default=2000, help="episodes of (b) and (c)")
     parser.add_argument(
         "--run", help="a training config for (c), e.g. models/omniglot/quickstart.json"

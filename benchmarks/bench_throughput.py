@@ -5,8 +5,9 @@ Everything is measured side by side in one process, on the same device:
 (a) evaluation episodes/s with the embedding cache (`episode_accuracies(cache=True)`) and with
     per-episode embedding (cache=False), on N seeded 5-way 1-shot 15-query episodes of a
     synthetic 84x84 set of miniImageNet's test size (20 classes x 600 images), and on N 20-way
-    1-shot 15-query episodes of the real Omniglot test classes. The speed-up's ceiling is the
-    ratio of images embedded: N x way x 16 per-episode against the split's size cached.
+    1-shot 15-query episodes of the real Omniglot test classes (--query: another count). The
+    speed-up's ceiling is the ratio of images embedded: N x way x (1 + query) per-episode
+    against the split's size cached.
 (b) the training step: a bare backbone forward+backward on the 160 images of 2 episodes of
     5-way 1-shot 15-query at 84x84, in PyTorch's default memory format and in channels_last,
     against the whole `Trainer.train_step` (sampling, gather, augmentation, one forward, head,
@@ -45,7 +46,7 @@ from fewshot.runtime.device import resolve_device
 from fewshot.training.settings import TrainSettings
 from fewshot.training.trainer import Trainer
 
-WAY, SHOT, QUERY, EPISODES_PER_STEP = 5, 1, 15, 2
+WAY, SHOT, EPISODES_PER_STEP = 5, 1, 2
 T = TypeVar("T")
 
 
@@ -90,7 +91,7 @@ def bench_eval(
     settings = TrainSettings(backbone=backbone, head="protonet").to_dict()
     geometry = {"in_channels": split.channels, "image_size": split.image_size}
     model = build_method({**settings, **geometry}).to(device).eval()
-    shape = EpisodeShape(way, SHOT, QUERY, args.eval_batch)
+    shape = EpisodeShape(way, SHOT, args.query, args.eval_batch)
     reset_peak(device)
 
     def run(cache: bool, episodes: int = args.episodes) -> torch.Tensor:
@@ -101,7 +102,7 @@ def bench_eval(
     episode_s, per_episode = once(lambda: run(False), device)
     differ = int((cached != per_episode).sum())
     same = "identical" if differ == 0 else f"different in {differ} of {len(cached)} episodes"
-    ceiling = args.episodes * way * (SHOT + QUERY) / len(split.labels)
+    ceiling = args.episodes * way * (SHOT + args.query) / len(split.labels)
     print(
         f"{label:34} {backbone:9} {args.episodes / episode_s:9.2f} {args.episodes / cached_s:9.2f} "
         f"{episode_s / cached_s:7.2f}x {ceiling:7.2f}x  accuracies {same}; {peak_memory(device)}",
@@ -136,7 +137,7 @@ def interleaved(
 def bench_train(backbone: str, heads: list[str], args, device: torch.device) -> None:
     """(b): bare forward+backward in both memory formats vs Trainer.train_step per head."""
     split = synthetic_split(20, 40, 84)
-    n = EPISODES_PER_STEP * WAY * (SHOT + QUERY)
+    n = EPISODES_PER_STEP * WAY * (SHOT + args.query)
     reset_peak(device)
     torch.manual_seed(0)
     net = build_backbone(backbone, 3, 84).to(device).train()
@@ -156,7 +157,7 @@ def bench_train(backbone: str, heads: list[str], args, device: torch.device) -> 
             head=head,
             way=WAY,
             shot=SHOT,
-            query=QUERY,
+            query=args.query,
             episodes_per_batch=EPISODES_PER_STEP,
             augment=args.augment,
             lr=1e-3,  # steps repeat on the same weights: 0.1 diverges on random images
@@ -218,6 +219,7 @@ def main() -> None:
         "--eval-classes", type=int, help="(a) on the first N Omniglot test classes (default: all)"
     )
     parser.add_argument("--no-synthetic", action="store_true", help="skip the 84x84 episodes")
+    parser.add_argument("--query", type=int, default=15, help="queries per class of (a) and (b)")
     parser.add_argument("--no-augment", dest="augment", action="store_false")
     parser.add_argument("--data-root", help="for Omniglot (default: $FEWSHOT_DATA or data/)")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
@@ -231,9 +233,9 @@ def main() -> None:
 
     augmented = "with" if args.augment else "without"
     print(
-        f"\n(b) training step: {EPISODES_PER_STEP} episodes of {WAY}-way {SHOT}-shot {QUERY}-query "
-        f"at 84x84 ({EPISODES_PER_STEP * WAY * (SHOT + QUERY)} images), train_step {augmented} "
-        f"augmentation; median of {args.repeats} rounds timed in turns"
+        f"\n(b) training step: {EPISODES_PER_STEP} episodes of {WAY}-way {SHOT}-shot "
+        f"{args.query}-query at 84x84 ({EPISODES_PER_STEP * WAY * (SHOT + args.query)} images), "
+        f"train_step {augmented} augmentation; median of {args.repeats} rounds timed in turns"
     )
     print(f"{'backbone':9} {'what':22} {'seconds':>8} {'vs bare':>8}")
     for backbone in backbones:

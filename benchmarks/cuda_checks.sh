@@ -59,9 +59,10 @@ together() {
 if [ "$smoke" = 1 ]; then
     device=cpu
     throughput=(--episodes 4 --eval-batch 2 --repeats 1 --backbones conv4 --no-synthetic
-        --eval-classes 40)
-    ehg=(--backbones conv4 --heads protonet --shots 1 --resplits 1,2 --repeats 1)
-    precision=(--backbones conv4 --heads protonet --repeats 1 --no-eval --no-synthetic)
+        --eval-classes 40 --query 2)
+    ehg=(--backbones conv4 --heads protonet --shots 1 --resplits 1,2 --repeats 1 --query 2)
+    precision=(--backbones conv4 --heads protonet --repeats 1 --no-eval --no-synthetic
+        --query 2)
     adaptation=(--methods anil maml --batch 2 --query 2 --repeats 1)
     steps=(--query 2 --episodes-per-epoch 2 --val-episodes 2)
     trainval=(--epochs 1 --episodes-per-epoch 2 --val-episodes 2)
@@ -69,9 +70,9 @@ if [ "$smoke" = 1 ]; then
     svm=(--cases 3w2s2q/16 --episodes 2 --repeats 1)
     classifiers=(--smoke)
     pmf=(--smoke)
-    # The pretrained features of the 688 validation classes: embedding the 1692 test classes
-    # took most of the two classifiers' parts.
-    classifier_split=(--split val)
+    # The 688 validation classes (embedding the 1692 test classes took most of the two
+    # classifiers' parts), and few enough episodes that embedding each one costs less.
+    classifier_eval=(--split val --episodes 16 --episodes-per-batch 8)
 else
     device=cuda
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.txt"
@@ -84,7 +85,7 @@ else
     trainval=()
     episodes=2000
     svm=()
-    classifier_split=()
+    classifier_eval=(--episodes 200 --episodes-per-batch 100)
     # The goal of the issue of speed: 2000 twenty-way PT-MAP episodes in under 10 s.
     classifiers=(--way 20 --goal 10)
     # 64 episodes of 20 steps, to fit the part's limit (the GPU times are not measured yet).
@@ -125,8 +126,8 @@ part pretrain 40 "$python" -m fewshot pretrain --dataset omniglot --train-split 
     --out "$runs/pretrain"
 for classifier in logistic pt-map; do
     part "eval_$classifier" 20 "$python" -m fewshot eval --checkpoint "$runs/pretrain/last.pt" \
-        --classifier "$classifier" --episodes 200 --episodes-per-batch 100 --device "$device" \
-        "${classifier_split[@]}" --out "$out/eval_$classifier.json"
+        --classifier "$classifier" --device "$device" "${classifier_eval[@]}" \
+        --out "$out/eval_$classifier.json"
 done
 # The zoo's trainval ProtoNet end to end (the last GPU run, in float32: 76 s), then its last
 # checkpoint on 2000 seeded 5-way 1-shot test episodes (98.73 %; the CPU model's 98.75 %).

@@ -30,6 +30,10 @@ _.fresh_resolution
 # pytest (and pytest-xdist) call these conftest hooks by name.
 _.pytest_terminal_summary
 _.pytest_configure
+_.pytest_unconfigure
+_.pytest_runtest_logstart
+_.pytest_runtest_logfinish
+_.location  # their signature: pytest passes it by name
 
 # http.server calls a request handler's do_<METHOD> and log_message (tests/test_fetch.py's server).
 _.do_GET

@@ -4,6 +4,8 @@ the real data sets, whose absence skips only the tests of their numbers (counted
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import threading
 from collections import Counter
 from pathlib import Path
@@ -86,26 +88,54 @@ def tree_rss_kib(root: int) -> int:
 
 class MemorySampler(threading.Thread):
     """The peak of the suite's memory held at once: `tree_rss_kib` of the test process (the
-    controller, with its xdist workers and their subprocesses) sampled every second."""
+    controller, with its xdist workers and their subprocesses) sampled every second, and the
+    tests that were running then (what to look at when the peak grows)."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.peak_kib = 0
+        self.running: set[str] = set()  # test ids, kept by the hooks below under `lock`
+        self.lock = threading.Lock()
+        self.at_peak: list[str] = []
         self.done = threading.Event()
 
     def run(self) -> None:
         """Sample until `done` is set."""
         while not self.done.wait(1.0):
-            self.peak_kib = max(self.peak_kib, tree_rss_kib(os.getpid()))
+            rss = tree_rss_kib(os.getpid())
+            if rss > self.peak_kib:
+                with self.lock:
+                    self.peak_kib, self.at_peak = rss, sorted(self.running)
 
 
 SAMPLER = MemorySampler()
 
 
 def pytest_configure(config) -> None:
-    """Start sampling the suite's memory, in the controller (not in an xdist worker)."""
+    """In the controller (not in an xdist worker): start sampling the suite's memory, and
+    give the suite a cache folder of its own (decoded Omniglot, runtime.cache), shared by the
+    workers and the commands they start (they inherit the environment), removed at the end."""
     if not hasattr(config, "workerinput"):
         SAMPLER.start()
+        os.environ["FEWSHOT_CACHE"] = tempfile.mkdtemp(prefix="fewshot-test-cache-")
+
+
+def pytest_unconfigure(config) -> None:
+    """Remove the suite's cache folder (controller)."""
+    if not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ.pop("FEWSHOT_CACHE"), ignore_errors=True)
+
+
+def pytest_runtest_logstart(nodeid: str, location: object) -> None:
+    """A test began (in the controller too: xdist relays its workers' starts)."""
+    with SAMPLER.lock:
+        SAMPLER.running.add(nodeid)
+
+
+def pytest_runtest_logfinish(nodeid: str, location: object) -> None:
+    """A test ended."""
+    with SAMPLER.lock:
+        SAMPLER.running.discard(nodeid)
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
@@ -119,6 +149,8 @@ def pytest_terminal_summary(terminalreporter) -> None:
             f"peak memory: {SAMPLER.peak_kib / 2**20:.1f} GiB at once (the resident memory of "
             "the suite's processes summed, sampled every second)"
         )
+        for nodeid in SAMPLER.at_peak:
+            terminalreporter.write_line(f"  running then: {nodeid}")
     missing: Counter[str] = Counter()
     for report in terminalreporter.stats.get("skipped", []):
         reason = str(report.longrepr[-1] if isinstance(report.longrepr, tuple) else report.longrepr)

@@ -37,11 +37,11 @@ def test_bench_precision_times_both_precisions(monkeypatch, capsys):
         monkeypatch,
         capsys,
         bench_precision,
-        *("--backbones", "conv4", "--heads", "protonet", "--repeats", "1"),
+        *("--backbones", "conv4", "--heads", "protonet", "--repeats", "1", "--query", "2"),
         *("--no-synthetic", "--episodes", "16", "--eval-classes", "40", "--device", "cpu"),
     )
     assert "(b) cached evaluation of the first 40 of the 1692 test classes" in out
-    step = re.search(rf"Omniglot 20w1s15q x2 +conv4 +protonet +({SECONDS}) +({SECONDS}) +", out)
+    step = re.search(rf"Omniglot 20w1s2q x2 +conv4 +protonet +({SECONDS}) +({SECONDS}) +", out)
     assert step and float(step[1]) > 0 and float(step[2]) > 0
     assert re.search(rf"^float32 +{SECONDS} s +accuracy", out, re.M)
     assert re.search(rf"^bf16 +{SECONDS} s +accuracy", out, re.M)
@@ -53,8 +53,9 @@ def test_bench_throughput_training_step(monkeypatch, capsys):
         monkeypatch,
         capsys,
         bench_throughput,
-        *("--no-eval", "--heads", "protonet", "--repeats", "1", "--device", "cpu"),
+        *("--no-eval", "--heads", "protonet", "--repeats", "1", "--query", "2", "--device", "cpu"),
     )
+    assert "2 episodes of 5-way 1-shot 2-query at 84x84 (30 images)" in out
     assert re.search(rf"conv4 +train_step protonet +{SECONDS} +{SECONDS}x", out)
 
 
@@ -65,7 +66,9 @@ def test_bench_ehg_steps(monkeypatch, capsys):
         bench_ehg,
         *("--backbones", "conv4", "--heads", "protonet", "--shots", "1"),
         *("--resplits", "1,2", "--repeats", "1", "--no-naive", "--device", "cpu"),
+        *("--query", "2"),
     )
+    assert "5-way, 2 queries" in out
     assert re.search(r"conv4 +protonet +1 +2 ", out)
 
 
