@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 
 import numpy as np
@@ -102,3 +103,45 @@ def test_damaged_npz_and_index_rows_name_the_file(tmp_path):
         (folder / "omniglot_index.csv").write_text("\n".join(lines) + "\n")
         with pytest.raises(FewshotError, match=message):
             load_split("omniglot", "test", tmp_path)
+
+
+def test_decoded_drawings_are_cached_across_processes(tmp_path, monkeypatch):
+    """The first load decodes and resizes each npz file into the cache folder; a later load
+    reads the same images from there (the file names digest the npz's bytes)."""
+    monkeypatch.setenv("FEWSHOT_CACHE", "")  # off: decoded now
+    decoded = load_split("omniglot", "test", REPO_DATA)
+    monkeypatch.setenv("FEWSHOT_CACHE", str(tmp_path / "cache"))
+    first = load_split("omniglot", "test", REPO_DATA)
+    digest = hashlib.sha256((REPO_DATA / "omniglot/images_evaluation.npz").read_bytes())
+    entry = tmp_path / "cache" / f"omniglot-{digest.hexdigest()[:32]}-28.npy"
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [entry.name]
+    stored = np.load(entry)
+    assert stored.shape == (659, 20, 28, 28)  # every character of the file
+    assert torch.equal(first.images, decoded.images)
+    stored[:] = 7  # a stand-in entry: the next load reads the cache, not the npz
+    np.save(entry, stored)
+    assert torch.equal(load_split("omniglot", "test", REPO_DATA).images.unique(), torch.tensor([7]))
+
+
+@pytest.mark.parametrize("damage", ["garbage", "shape", "dtype"])
+def test_a_damaged_cache_entry_is_decoded_again_and_replaced(tmp_path, monkeypatch, damage):
+    monkeypatch.setenv("FEWSHOT_CACHE", str(tmp_path))
+    want = load_split("omniglot", "test", REPO_DATA).images
+    (entry,) = tmp_path.iterdir()
+    if damage == "garbage":
+        entry.write_bytes(b"\x93NUMPY not an array")
+    else:
+        np.save(
+            entry,
+            np.zeros((659, 20, 28), np.uint8)
+            if damage == "shape"
+            else np.load(entry).astype(np.int64),
+        )
+    assert torch.equal(load_split("omniglot", "test", REPO_DATA).images, want)
+    assert np.load(entry).dtype == np.uint8 and np.load(entry).shape == (659, 20, 28, 28)
+
+
+def test_an_unwritable_cache_folder_only_costs_the_decoding(tmp_path, monkeypatch):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("FEWSHOT_CACHE", str(tmp_path / "file" / "cache"))  # cannot be made
+    assert load_split("omniglot", "val", REPO_DATA).num_classes == 688

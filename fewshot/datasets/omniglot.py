@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import hashlib
 import zipfile
 import zlib
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from fewshot.datasets.base import ImageSplit
+from fewshot.runtime.cache import cached_array
 from fewshot.runtime.errors import FewshotError
 
 SPLITS = ("train", "val", "trainval", "test")
@@ -45,8 +47,6 @@ def _read_index(folder: Path) -> dict[tuple[str, str], tuple[str, int]]:
 
 def _read_npz(path: Path) -> np.ndarray:
     """Boolean drawings [chars, 20, 105, 105] with True = background."""
-    if not path.is_file():
-        raise FewshotError(f"missing {path}: copy the Omniglot npz files into {path.parent}")
     try:
         with np.load(path, allow_pickle=False) as d:
             images = d["images"]
@@ -65,6 +65,25 @@ def _resize(drawings: np.ndarray) -> torch.Tensor:
         small = F.interpolate(ink, size=(IMAGE_SIZE, IMAGE_SIZE), mode="area")
         out.append((small * 255).round().to(torch.uint8))
     return torch.cat(out)
+
+
+def _small_drawings(path: Path) -> torch.Tensor:
+    """Every character of an npz file at 28x28, [chars, 20, 28, 28] uint8: decoded and resized
+    once (about a second a file), then read from the cache (runtime.cache) by later processes,
+    under the SHA-256 of the file's bytes."""
+    if not path.is_file():
+        raise FewshotError(f"missing {path}: copy the Omniglot npz files into {path.parent}")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:32]
+
+    def decoded() -> np.ndarray:
+        images = _read_npz(path)
+        return _resize(images.reshape(-1, 105, 105)).view(len(images), 20, 28, 28).numpy()
+
+    def valid(array: np.ndarray) -> bool:
+        return array.dtype == np.uint8 and array.shape[1:] == (20, IMAGE_SIZE, IMAGE_SIZE)
+
+    name = f"omniglot-{digest}-{IMAGE_SIZE}.npy"
+    return torch.from_numpy(cached_array(name, decoded, valid))
 
 
 def read_omniglot(data_root: Path, split: str) -> ImageSplit:
@@ -90,7 +109,7 @@ def read_omniglot(data_root: Path, split: str) -> ImageSplit:
             raise FewshotError(f"{split_file}: {name!r} is not rotated by a multiple of 90")
         parsed.append(((alphabet, character), degrees // 90))
 
-    # Resize each needed character once; rotations are exact on the 28x28 grid.
+    # Each character resized once (and cached); rotations are exact on the 28x28 grid.
     needed = list(dict.fromkeys(key for key, _ in parsed))
     drawings, position = [], {}
     files = [split_file, folder / "omniglot_index.csv"]
@@ -98,19 +117,24 @@ def read_omniglot(data_root: Path, split: str) -> ImageSplit:
         keys = [key for key in needed if index[key][0] == file]
         if keys:
             files.append(folder / file)
-            images, rows = _read_npz(folder / file), np.array([index[k][1] for k in keys])
-            if rows.max() >= len(images):
+            small, rows = _small_drawings(folder / file), torch.tensor([index[k][1] for k in keys])
+            if rows.max() >= len(small):
                 raise FewshotError(
                     f"{folder / 'omniglot_index.csv'}: row {rows.max()} is past the "
-                    f"{len(images)} characters of {folder / file}"
+                    f"{len(small)} characters of {folder / file}"
                 )
-            drawings.append(images[rows])
+            drawings.append(small[rows])
             position.update((key, len(position)) for key in keys)
-    stacked = np.concatenate(drawings)
-    small = _resize(stacked.reshape(-1, 105, 105)).view(len(stacked), 20, 1, 28, 28)
+    stacked = torch.cat(drawings)
 
-    images = [torch.rot90(small[position[key]], k, dims=(-2, -1)) for key, k in parsed]
-    images_t = torch.stack(images).reshape(-1, 1, IMAGE_SIZE, IMAGE_SIZE)
+    # Every class's drawings gathered and turned, by quarter turns.
+    order = torch.tensor([position[key] for key, _ in parsed])
+    turns = torch.tensor([k for _, k in parsed])
+    images = torch.empty(len(parsed), 20, IMAGE_SIZE, IMAGE_SIZE, dtype=torch.uint8)
+    for k in turns.unique().tolist():
+        chosen = (turns == k).nonzero().squeeze(1)
+        images[chosen] = torch.rot90(stacked[order[chosen]], k, dims=(-2, -1))
+    images_t = images.reshape(-1, 1, IMAGE_SIZE, IMAGE_SIZE)
     labels = torch.arange(len(names)).repeat_interleave(20)
     return ImageSplit(
         images_t.contiguous(),
