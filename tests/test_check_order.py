@@ -68,12 +68,13 @@ TRAIN_CASES = [
     ),
     (
         ["--shot", "10", "--query", "11"],
-        "class '{train_class}' of {train} has 20 images; the episodes need shot + query = 21 "
-        "per class",
+        "class '{train_class}' of {train} has 20 images; the episodes need 21 per class "
+        "(support + query)",
     ),
     (
         ["--val-shot", "10", "--val-query", "11"],
-        "class '{val_class}' of {val} has 20 images; the episodes need shot + query = 21 per class",
+        "class '{val_class}' of {val} has 20 images; the episodes need 21 per class "
+        "(support + query)",
     ),
     (["--head", "svm", "--way", "1"], "--head the SVM head needs way >= 2 classes, got way=1"),
     (
@@ -144,8 +145,8 @@ EVAL_CASES = [
     (
         PROTONET,
         ["--shot", "10", "--query", "11"],
-        "class '{test_class}' of {test} has 20 images; the episodes need shot + query = 21 "
-        "per class",
+        "class '{test_class}' of {test} has 20 images; the episodes need 21 per class "
+        "(support + query)",
     ),
     # From the dataset's geometry alone: the data root holds no miniImageNet to read.
     (

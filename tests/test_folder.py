@@ -356,11 +356,12 @@ def test_a_class_too_small_for_the_episodes_is_named_with_its_count(rgb_root, ca
     for path in sorted((rgb_root / "test" / "test_c").iterdir())[2:]:
         path.unlink()
     argv = ["eval", "--checkpoint", str(ZOO), "--dataset", "folder", "--data-root", str(rgb_root)]
+    need = f"class 'test_c' of {rgb_root / 'test'} has 2 images; the episodes need 16 per class"
     err = refused([*argv, "--device", "cpu"], capsys)
-    assert err.endswith(
-        f"class 'test_c' of {rgb_root / 'test'} has 2 images; the episodes need shot + query "
-        "= 16 per class"
-    )
+    assert err.endswith(f"{need} (support + query)")
+    # Varied episodes: one support image at least, then the queries (not --shot + --query).
+    err = refused([*argv, "--device", "cpu", "--varied", "--shot", "5", "--query", "15"], capsys)
+    assert err.endswith(f"{need} (support + query)")
     assert conversions(rgb_root) == []
 
 

@@ -236,7 +236,7 @@ def check_counts(class_names: list[str], counts: list[int], source: str, per_cla
     smallest = min(range(len(counts)), key=counts.__getitem__)
     if counts[smallest] < per_class:
         need = (
-            f"the episodes need shot + query = {per_class} per class"
+            f"the episodes need {per_class} per class (support + query)"
             if per_class > 1
             else "every class needs one"
         )
