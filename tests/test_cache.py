@@ -18,6 +18,8 @@ def test_the_folder_is_fewshot_cache_else_xdg_else_home(tmp_path, monkeypatch):
     monkeypatch.delenv("XDG_CACHE_HOME")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert cache_folder() == tmp_path / "home" / ".cache" / "fewshot"
+    monkeypatch.setattr("os.path.expanduser", lambda path: path)  # no home folder known
+    assert cache_folder() is None  # not a folder named "~" in the working directory
     monkeypatch.setenv("FEWSHOT_CACHE", "")
     assert cache_folder() is None
 

@@ -1,9 +1,10 @@
 """Arrays worth keeping between processes (decoded images), in one folder per user.
 
 The folder is `$FEWSHOT_CACHE`, else `$XDG_CACHE_HOME/fewshot`, else `~/.cache/fewshot`;
-`FEWSHOT_CACHE=""` turns caching off. A file is named by a digest of everything it depends
-on, so a stale entry is never read. Caching is only a shortcut: a folder that cannot be
-written, or an entry that cannot be read, means computing the array again, never an error.
+`FEWSHOT_CACHE=""` turns caching off, and so does a user without a home folder. A file is
+named by a digest of everything it depends on, so a stale entry is never read. Caching is only
+a shortcut: a folder that cannot be written, or an entry that cannot be read, means computing
+the array again, never an error.
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ from fewshot.runtime.io import atomic_save_npy
 
 
 def cache_folder() -> Path | None:
-    """The cache folder, or None when `FEWSHOT_CACHE` is set empty (caching off)."""
+    """The cache folder, or None when `FEWSHOT_CACHE` is set empty (caching off) or no folder
+    is known (no XDG_CACHE_HOME and no home folder: a container's user without one)."""
     chosen = os.environ.get("FEWSHOT_CACHE")
     if chosen is not None:
         return Path(chosen) if chosen else None
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "fewshot"
+    if os.environ.get("XDG_CACHE_HOME"):
+        return Path(os.environ["XDG_CACHE_HOME"]) / "fewshot"
+    home = os.path.expanduser("~")
+    return Path(home) / ".cache" / "fewshot" if home != "~" else None
 
 
 def cached_array(
