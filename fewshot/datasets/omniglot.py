@@ -69,7 +69,7 @@ def _resize(drawings: np.ndarray) -> torch.Tensor:
 
 def _small_drawings(path: Path) -> torch.Tensor:
     """Every character of an npz file at 28x28, [chars, 20, 28, 28] uint8: decoded and resized
-    once (about a second a file), then read from the cache (runtime.cache) by later processes,
+    once (seconds a file), then read from the cache (runtime.cache) by later processes,
     under the SHA-256 of the file's bytes."""
     if not path.is_file():
         raise FewshotError(f"missing {path}: copy the Omniglot npz files into {path.parent}")
