@@ -34,6 +34,7 @@ from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluation.episodes import episode_accuracies
 from fewshot.evaluation.stats import Difference, ci95, paired_ci, paired_seeds_ci, seeds_ci
+from fewshot.methods.feature_cache import FOLDER as FEATURES
 from fewshot.runtime.allocator import retain_freed_memory
 from fewshot.runtime.io import atomic_write_json, atomic_write_text
 from fewshot.runtime.precision import precision_name
@@ -91,10 +92,12 @@ def test_trainval(
     cpu = torch.device("cpu")
     model, _ = load_trained(checkpoint, cpu)
     model.amp = amp
+    # The test split embedded once per checkpoint and precision, not once per shape.
+    model.use_feature_cache(cache.parent / FEATURES)
     record = {}
     for way, shot in ZOO_SHAPES:
         shape = EpisodeShape(way, shot, 15, 8)
-        acc = episode_accuracies(model, split, shape, args.episodes, 0, cpu)
+        acc = episode_accuracies(model, split, shape, args.episodes, 0, cpu, cache=True)
         record[f"{way}w{shot}s"] = acc.tolist()
     atomic_write_json(record, cache)
     return record

@@ -33,6 +33,7 @@ from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluation.episodes import episode_accuracies
 from fewshot.evaluation.metrics import read_metrics
 from fewshot.evaluation.stats import paired_ci, paired_seeds_ci, seeds_ci
+from fewshot.methods.feature_cache import FOLDER as FEATURES
 from fewshot.runtime.device import resolve_device
 from fewshot.runtime.io import atomic_write_json, atomic_write_text, load_checkpoint
 from fewshot.runtime.run_folder import RunFolder
@@ -177,6 +178,8 @@ def test(args: argparse.Namespace, folder: Path, splits: dict, way: int) -> dict
         return json.loads(cache.read_text())
     cpu = torch.device("cpu")
     model, _ = load_trained(str(folder / "best.pt"), cpu)
+    # The test split embedded once per model: the test of its other way reads the features.
+    model.use_feature_cache(folder / FEATURES)
     shape = EpisodeShape(way, 1, 15, 8)
     start = time.perf_counter()
     # The model tests with its eval_head_options (the SVM's 3 QP iterations).
