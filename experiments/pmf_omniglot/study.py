@@ -56,6 +56,7 @@ SMOKE = {
     "val_episodes": 2,
     "pmf_steps": 2,
     "pmf_val_episodes": 2,
+    "pmf_lrs": [0.0, 1e-3],  # two candidates: the choice still runs, at half the paper's cost
 }
 
 
@@ -86,7 +87,8 @@ def main(argv: list[str] | None = None) -> None:
     runs[TIMM_ROW] = f"{args.runs}/omniglot_pmf_timm_resnet10t"
     evals = Path(args.out) / "evals"
     evals.mkdir(parents=True, exist_ok=True)
-    pmf = json.dumps({"steps": args.pmf_steps, "val_episodes": args.pmf_val_episodes})
+    pmf = {"steps": args.pmf_steps, "val_episodes": args.pmf_val_episodes}
+    pmf = json.dumps({**pmf, "lrs": args.pmf_lrs} if args.pmf_lrs else pmf)
     accuracies = {}
     for arm, run in runs.items():
         if arm == TIMM_ROW:  # the smoke-sized row trains last, after the study's own arms
@@ -190,6 +192,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # P>M>F fine-tunes 50 steps; 20 here, and 5 episodes per lr, for the 2-core CPU's budget.
     parser.add_argument("--pmf-steps", type=int, default=20, help="fine-tuning steps")
     parser.add_argument("--pmf-val-episodes", type=int, default=5, help="episodes choosing each lr")
+    parser.add_argument(
+        "--pmf-lrs", type=float, nargs="+", help="the lrs to choose among (default: the paper's)"
+    )
     parser.add_argument("--runs", default="runs", help="folder of the run folders")
     parser.add_argument("--out", default=str(HERE), help="results folder")
     parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
