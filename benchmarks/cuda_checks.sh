@@ -58,6 +58,9 @@ together() {
 : >"$out/summary.txt"
 if [ "$smoke" = 1 ]; then
     device=cpu
+    # The CUDA tests (all skipped here: the part's check is that they collect and run); the
+    # augmentation tests run in the suite on the CPU already.
+    cuda_tests=(tests/test_cuda.py)
     throughput=(--episodes 4 --eval-batch 2 --repeats 1 --backbones conv4 --no-synthetic
         --eval-classes 40 --query 2)
     ehg=(--backbones conv4 --heads protonet --shots 1 --resplits 1,2 --repeats 1 --query 2)
@@ -75,6 +78,7 @@ if [ "$smoke" = 1 ]; then
     classifier_eval=(--split val --episodes 16 --episodes-per-batch 8)
 else
     device=cuda
+    cuda_tests=(tests/test_cuda.py tests/test_augment.py)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.txt"
     throughput=(--backbones conv4,resnet12 --heads protonet,ridge,svm)
     # U = 1 and 5 only: the full grid ran past its limit on an H200 (mostly per-row set-up).
@@ -93,8 +97,7 @@ else
 fi
 "$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
     >>"$out/summary.txt"
-part pytest_cuda 30 "$python" -m pytest -q -p no:cacheprovider tests/test_cuda.py \
-    tests/test_augment.py
+part pytest_cuda 30 "$python" -m pytest -q -p no:cacheprovider "${cuda_tests[@]}"
 part bench_throughput 45 "$python" -m benchmarks.bench_throughput --device "$device" \
     "${throughput[@]}"
 part bench_ehg 40 "$python" -m benchmarks.bench_ehg --device "$device" "${ehg[@]}"

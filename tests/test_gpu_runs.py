@@ -44,10 +44,10 @@ def stopped_step(summary: str) -> int:
 @pytest.mark.slow
 def test_a_run_stops_on_time_and_the_next_slice_continues_it(tmp_path):
     runs = tmp_path / "runs"
-    rc, summary = one_slice(20, tmp_path / "out1", runs, NAME)
+    rc, summary = one_slice(15, tmp_path / "out1", runs, NAME)
     assert rc == 0, summary
     first = stopped_step(summary)
-    rc, summary = one_slice(20, tmp_path / "out2", runs, NAME)
+    rc, summary = one_slice(15, tmp_path / "out2", runs, NAME)
     assert rc == 0, summary
     second = stopped_step(summary)
     assert second > first >= 1

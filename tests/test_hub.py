@@ -54,8 +54,9 @@ def test_the_maml_family_zoo_models_adapt_to_real_episodes(omniglot_test, varian
     result = evaluate(model, omniglot_test, EpisodeShape(5, 1, 15, 8), 200, 0, torch.device("cpu"))
     assert result.accuracy > MAML_FLOOR[variant]
     untrained = torch.hub.load(str(REPO), entry, source="local", pretrained=False)
+    # 50 episodes: an untrained model stands 30-50 points under the trained one (31-52 %).
     untrained_result = evaluate(
-        untrained, omniglot_test, EpisodeShape(5, 1, 15, 8), 200, 0, torch.device("cpu")
+        untrained, omniglot_test, EpisodeShape(5, 1, 15, 8), 50, 0, torch.device("cpu")
     )
     assert untrained_result.accuracy < result.accuracy - 10
 
