@@ -8,7 +8,8 @@ conjugate gradient on Hessian-vector products per episode, as the iMAML authors'
 fewshot adapts all episodes together by each `--batchings` path (`auto`: what it picks on this
 device). Every round times every arm once, in turn, so all see the same machine load; a ratio
 is the median over the rounds of an arm's time over learn2learn's in the same round. Before
-timing, each arm's meta-gradient is compared with learn2learn's.
+timing, each arm's meta-gradient is compared with learn2learn's. The process keeps freed memory
+as `fewshot train` does (`retain_freed_memory`, for both arms; `--glibc-defaults`: not).
 
     python -m benchmarks.bench_vs_learn2learn                 # needs learn2learn installed
     python -m benchmarks.bench_vs_learn2learn --batchings auto vmap loop threads --repeats 5
@@ -31,6 +32,7 @@ from torch.func import functional_call
 
 from fewshot.methods import TRAINING_DEFAULTS, build_method
 from fewshot.methods.batching import BATCHING, resolve_batching
+from fewshot.runtime.allocator import retain_freed_memory
 from fewshot.training.settings import TrainSettings
 
 # (way, shot, inner steps) of the two settings of the MAML paper's Omniglot table that are timed.
@@ -217,14 +219,21 @@ def main() -> None:
         "--batchings", nargs="+", default=["auto"], choices=BATCHING, help="fewshot's paths"
     )
     parser.add_argument("--smoke", action="store_true", help="2 episodes, 2 queries, 1 round")
+    parser.add_argument(
+        "--glibc-defaults",
+        action="store_true",
+        help="glibc's malloc as it comes (default: freed memory kept, as `fewshot train` does)",
+    )
     args = parser.parse_args()
+    retained = not args.glibc_defaults and retain_freed_memory()
     settings = SETTINGS
     if args.smoke:
         args.batch, args.query, args.repeats = 2, 2, 1
         settings = {"5-way 1-shot, 1 step": (5, 1, 1)}
     auto = resolve_batching("auto", "cpu")
     print(f"cpu: {machine()}; torch {torch.__version__}, learn2learn {l2l.__version__}")
-    print(f"float32, meta-batch {args.batch}, {args.query} queries, auto = {auto}")
+    allocator = "freed memory kept" if retained else "the C library's default allocator"
+    print(f"float32, meta-batch {args.batch}, {args.query} queries, auto = {auto}, {allocator}")
     print(f"{'method':6} {'setting':22} {'arm':11} {'s/step':>8} {'ratio':>6} {'max |dg|':>9}")
     for variant in args.variants:
         for name, (way, shot, steps) in settings.items():
