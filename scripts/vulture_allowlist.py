@@ -31,6 +31,7 @@ _.fresh_resolution
 _.pytest_terminal_summary
 _.pytest_configure
 _.pytest_unconfigure
+_.pytest_collection_modifyitems
 _.pytest_runtest_logstart
 _.pytest_runtest_logfinish
 _.location  # their signature: pytest passes it by name

@@ -126,6 +126,13 @@ def pytest_unconfigure(config) -> None:
         shutil.rmtree(os.environ.pop("FEWSHOT_CACHE"), ignore_errors=True)
 
 
+def pytest_collection_modifyitems(items: list) -> None:
+    """The tests marked slow first, in their order (a stable sort): the two workers share
+    the minutes-long end-to-end runs while hundreds of short tests remain, and those even out
+    the end, rather than one worker finishing a long run while the other idles."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def pytest_runtest_logstart(nodeid: str, location: object) -> None:
     """A test began (in the controller too: xdist relays its workers' starts)."""
     with SAMPLER.lock:
