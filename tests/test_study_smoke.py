@@ -476,3 +476,20 @@ def test_driver_smoke_run(name, tmp_path, monkeypatch, capsys, request):
         assert (tmp_path / output).is_file(), f"{name} wrote no {output}"
     driver.check(tmp_path, printed)
     assert recorded_files() == before, "a smoke run changed the recorded results"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--pmf-lrs", "-1"], "pmf lrs must be distinct learning rates >= 0"),
+        (["--pmf-lrs", "0.1", "0.1"], "pmf lrs must be distinct learning rates >= 0"),
+        (["--pmf-steps", "0"], "pmf steps must be at least 1"),
+    ],
+)
+def test_the_pmf_study_refuses_bad_fine_tuning_options_before_training(flags, message, capsys):
+    from experiments.pmf_omniglot.study import parse_args
+
+    with pytest.raises(SystemExit) as stopped:
+        parse_args(flags)
+    assert stopped.value.code == 2
+    assert message in capsys.readouterr().err

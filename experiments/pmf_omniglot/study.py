@@ -36,6 +36,8 @@ from experiments.cli_runs import (
 )
 from experiments.smoke import add_smoke_flag, apply_smoke
 from fewshot.evaluation.stats import ci95, paired_ci
+from fewshot.methods.test_time_finetune import PmfOptions
+from fewshot.runtime.errors import FewshotError
 
 HERE = Path(__file__).resolve().parent
 PRETRAIN = HERE / "pretrain_resnet12.json"
@@ -87,8 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     runs[TIMM_ROW] = f"{args.runs}/omniglot_pmf_timm_resnet10t"
     evals = Path(args.out) / "evals"
     evals.mkdir(parents=True, exist_ok=True)
-    pmf = {"steps": args.pmf_steps, "val_episodes": args.pmf_val_episodes}
-    pmf = json.dumps({**pmf, "lrs": args.pmf_lrs} if args.pmf_lrs else pmf)
+    pmf = json.dumps(pmf_options(args))
     accuracies = {}
     for arm, run in runs.items():
         if arm == TIMM_ROW:  # the smoke-sized row trains last, after the study's own arms
@@ -182,6 +183,13 @@ def table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def pmf_options(args: argparse.Namespace) -> dict:
+    """The fine-tuning's --classifier-options: the study's steps, validation episodes and (where
+    given) candidate lrs."""
+    options = {"steps": args.pmf_steps, "val_episodes": args.pmf_val_episodes}
+    return {**options, "lrs": args.pmf_lrs} if args.pmf_lrs else options
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The study's settings (from the command line unless `argv` is given)."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -201,6 +209,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_smoke_flag(parser)
     args = parser.parse_args(argv)
     apply_smoke(args, SMOKE, ("runs",))
+    try:  # refused now, not after hours of training
+        PmfOptions(**pmf_options(args))
+    except FewshotError as e:
+        parser.error(str(e))
     return args
 
 
