@@ -180,6 +180,22 @@ def test_predict_with_the_maml_model_says_it_is_transductive(tmp_path, omniglot_
     assert not among.transductive
 
 
+def test_predict_on_each_batch_of_statistics_says_it_is_transductive(
+    tmp_path, omniglot_test, capsys
+):
+    support, query = write_folders(tmp_path, omniglot_test, [0, 40, 80, 120, 160], 1, 2)
+    argv = ["predict", "--checkpoint", str(PROTONET), "--support", str(support), "--device", "cpu"]
+    assert main([*argv, "--query", str(query)]) == 0
+    assert "transductive" not in capsys.readouterr().out
+    assert main([*argv, "--query", str(query), "--batch-norm", "transductive"]) == 0
+    assert "transductive: each query's scores also depend" in capsys.readouterr().out
+    one = sorted(query.iterdir())[:2]
+    pair = fewshot.predict(PROTONET, support, one, batch_norm="transductive", device="cpu")
+    among = fewshot.predict(PROTONET, support, query, batch_norm="transductive", device="cpu")
+    assert pair.paths == among.paths[:2]
+    assert pair.transductive and not torch.allclose(pair.scores, among.scores[:2])
+
+
 def bad_inputs(root: Path, omniglot_test) -> dict[str, tuple[list[str], str]]:
     """Each refused case: its arguments and the line that names the fault."""
     support, query = write_folders(root, omniglot_test, [0, 40, 80], 2, 1)
@@ -205,7 +221,7 @@ def bad_inputs(root: Path, omniglot_test) -> dict[str, tuple[list[str], str]]:
         "foreign checkpoint": (["--checkpoint", str(foreign), *ok], "foreign.pt"),
         "taken out": ([*ok, "--out", str(existing)], "pass --overwrite"),
         "bad suffix": ([*ok, "--out", str(root / "p.txt")], "--out must end in .csv or .json"),
-        "batch norm": ([*ok, "--batch-norm", "per-query"], "--batch-norm does not apply"),
+        "batch norm": ([*ok, "--batch-norm", "per-query"], "--batch-norm per-query does not apply"),
         "cl2n": (
             [*ok, "--classifier", "centroid", "--classifier-options", '{"cl2n": true}'],
             "cl2n needs the training split's mean feature",

@@ -70,6 +70,8 @@ def identity(settings: CompareSettings | CompareSeedsSettings) -> dict:
         classifier_options=settings.classifier_options,
         transductive=settings.transductive,
     )
+    if settings.batch_norm:  # only then: the records of the default keep their identity
+        record["batch_norm"] = settings.batch_norm
     record["checkpoint_sha256"] = [file_sha256(checkpoint_file(p)) for p in paths]
     return record
 

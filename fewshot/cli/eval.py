@@ -87,6 +87,9 @@ METHOD_SETTINGS = (
 # per call (PT-MAP: 2000 five-way episodes in 181 s at 8 per call, 18 s at 200, on 2 cores).
 EPISODES_PER_BATCH = 8
 CACHED_EPISODES_PER_BATCH = 200
+# BatchNorm's statistics at test time: the trained ones, each episode's own, or the support's
+# with each query alone (`ModelSettings.prepare_batch_norm`).
+BATCH_NORMS = ("running", "transductive", "per-query")
 
 # What a result records but does not depend on: which path named the checkpoint (its hash is
 # the identity), and whether the embeddings were cached (exact either way).
@@ -127,8 +130,23 @@ class ModelSettings:
         default_factory=dict,
     )
 
+    batch_norm: str | None = setting(
+        None,
+        help="BatchNorm's statistics: running (the trained ones; embedding methods' default), "
+        "transductive (each episode's own: of its support, then of all its queries; the MAML "
+        "family's default, and how Relation Networks' code evaluates) or per-query (fewshot "
+        "predict, MAML family: the support and each query alone)",
+        choices=BATCH_NORMS,
+    )
+
     def __post_init__(self) -> None:
         check_fields(self)
+        if self.batch_norm == "transductive" and self.classifier == PMF:
+            raise SettingError(
+                "batch_norm",
+                "transductive does not apply with --classifier pmf: it fine-tunes the backbone "
+                "on each episode with the trained statistics",
+            )
         if self.classifier is None:
             if self.classifier_options:
                 raise SettingError("classifier_options", "needs --classifier")
@@ -155,14 +173,16 @@ class ModelSettings:
 
     @property
     def transductive(self) -> bool:
-        """Whether the classifier also uses each episode's unlabelled queries."""
-        return self.classifier in TRANSDUCTIVE
+        """Whether the classifier also uses each episode's unlabelled queries, or BatchNorm
+        their statistics."""
+        return self.classifier in TRANSDUCTIVE or self.batch_norm == "transductive"
 
     def prepare(self, method: Method, config: dict) -> None:
         """Give a trained method (of checkpoint settings `config`) this evaluation's precision,
-        whatever it was trained in, and the --classifier (refused, before any data, for methods
-        that do not classify embeddings)."""
+        whatever it was trained in, its --batch-norm and the --classifier (refused, before any
+        data, for methods that do not classify embeddings)."""
         method.amp = self.amp
+        self.prepare_batch_norm(method, config)
         if self.classifier is None:
             return
         if not isinstance(method, EmbeddingMethod):
@@ -174,6 +194,28 @@ class ModelSettings:
             method.use_adapter(PmfAdapter(method, PmfOptions(**self.classifier_options)))
         else:
             method.use_classifier(self.classifier, self.classifier_options)
+
+    def prepare_batch_norm(self, method: Method, config: dict) -> None:
+        """--batch-norm, refused where the method has no such statistics: running for the MAML
+        family (it keeps none), per-query for embedding methods."""
+        if self.batch_norm is None:
+            return
+        name = method_label(config)
+        if isinstance(method, EmbeddingMethod):
+            if self.batch_norm == "per-query":
+                raise FewshotError(
+                    f"--batch-norm per-query does not apply to {name}: with its trained "
+                    "statistics (running, the default) each image's embedding is its own already"
+                )
+            if self.batch_norm == "transductive":
+                method.use_episode_statistics()
+        elif self.batch_norm == "running":
+            raise FewshotError(
+                f"--batch-norm running does not apply to {name}: it keeps no running statistics "
+                "and normalises with those of the images it adapts to (transductive or per-query)"
+            )
+        else:
+            method.transductive = self.batch_norm == "transductive"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -224,6 +266,12 @@ class EpisodeSettings(ModelSettings):
                 "episodes_per_batch",
                 f"must be 1 with --varied (each episode has its own way), got "
                 f"{self.episodes_per_batch}",
+            )
+        if self.batch_norm == "per-query":
+            raise SettingError(
+                "batch_norm",
+                "per-query applies to fewshot predict: the MAML family solves test episodes "
+                "with each episode's queries in one batch",
             )
         if self.classifier == PMF and self.cache:
             raise SettingError(
@@ -317,6 +365,12 @@ class EpisodeSettings(ModelSettings):
         smallest and largest way, unequal shots)."""
         shape = self.shape
         if isinstance(shape, VariedShape):
+            if getattr(method, "episode_statistics", False):
+                raise FewshotError(
+                    "--varied does not apply with --batch-norm transductive for an embedding "
+                    "method: its support and queries are normalised as one batch each, of one "
+                    "shot"
+                )
             method.check_way(shape.way)
             method.check_way(shape.max_way)
             method.check_shot(None)
@@ -327,6 +381,11 @@ class EpisodeSettings(ModelSettings):
     def check_cache(self, method: Method, name: str) -> None:
         """Refuse --cache for `method` (named `name` in messages) where it has none (call this
         before reading data)."""
+        if self.cache and getattr(method, "episode_statistics", False):
+            raise FewshotError(
+                f"--cache does not apply to {name} with --batch-norm transductive: each "
+                "embedding depends on its episode's statistics"
+            )
         if self.cache and not method.caches:
             raise FewshotError(f"--cache does not apply to {name}: it adapts to every episode")
 
@@ -484,6 +543,8 @@ def run_eval(settings: EvalSettings) -> EvalResult:
         # family's BatchNorm on each episode's queries.
         transductive=method.transductive,
     )
+    if settings.batch_norm:  # only then: the records of the default keep their identity
+        record["batch_norm"] = settings.batch_norm
     precision = precision_name(settings.amp, device.type)
     settings.check_cache(method, method_label(config))
     record.update(precision=precision)

@@ -15,12 +15,10 @@ from pathlib import Path
 
 import torch
 
-from fewshot.cli.eval import ModelSettings, method_label
+from fewshot.cli.eval import ModelSettings
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import images_to_device
 from fewshot.datasets.folder import Listing, decode_listing, first_image, list_classes, list_images
-from fewshot.methods.base import Method
-from fewshot.methods.embedding import EmbeddingMethod
 from fewshot.methods.test_time_finetune import PMF
 from fewshot.runtime.device import device_setting, resolve_device
 from fewshot.runtime.errors import FewshotError
@@ -34,7 +32,6 @@ from fewshot.runtime.settings import Command, SettingError, setting
 from fewshot.training.checkpoint import as_trained, checkpoint_file, load_trained
 
 OUT_SUFFIXES = (".csv", ".json")
-BATCH_NORM = ("transductive", "per-query")
 
 
 @dataclass(frozen=True)
@@ -96,12 +93,6 @@ class PredictSettings(ModelSettings):
     query: list[str] = setting(help="image files or folders of them to classify")
     out: str | None = setting(None, help="write the predictions as .csv or .json")
     overwrite: bool = setting(False, help="replace the file at --out")
-    batch_norm: str | None = setting(
-        None,
-        help="MAML family: BatchNorm statistics of all the queries at once (transductive, as "
-        "it trains; the default) or of the support and each query alone (per-query)",
-        choices=BATCH_NORM,
-    )
     batch_size: int = setting(256, help="query images per forward pass", low=1)
     device: str = device_setting()
 
@@ -121,19 +112,6 @@ class PredictSettings(ModelSettings):
                 "pmf fine-tunes the backbone on the seeded episodes of fewshot eval and "
                 "compare; predict does not fine-tune",
             )
-
-    def prepare(self, method: Method, config: dict) -> None:
-        """The classifier and precision (see ModelSettings), and --batch-norm for the methods
-        that adapt (refused for the others: their BatchNorm keeps its trained statistics)."""
-        super().prepare(method, config)
-        if self.batch_norm is None:
-            return
-        if isinstance(method, EmbeddingMethod):
-            raise FewshotError(
-                f"--batch-norm does not apply to {method_label(config)}: its BatchNorm uses the "
-                "statistics it learned, so each image's embedding is its own"
-            )
-        method.transductive = self.batch_norm == "transductive"
 
 
 def read_images(listing: Listing, config: dict, path: Path, what: str) -> ImageSplit:

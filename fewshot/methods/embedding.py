@@ -7,10 +7,11 @@ episodes index the embeddings of every image computed once (exact with BatchNorm
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -42,6 +43,22 @@ EMBED_BATCH = 512
 # The learned scale's starting value per head: Meta-Baseline's cosine logits start at 10
 # (cosines alone are too flat for a softmax); the distance heads start at 1.
 INITIAL_SCALES = {"cosine": 10.0}
+BATCH_NORM_LAYERS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+@contextlib.contextmanager
+def own_statistics(module: nn.Module) -> Iterator[None]:
+    """Within it, the BatchNorm layers of `module` normalise every batch with its own
+    statistics and leave their running statistics as they are; as before on leaving."""
+    layers = [layer for layer in module.modules() if isinstance(layer, BATCH_NORM_LAYERS)]
+    before = [(layer.training, layer.track_running_stats) for layer in layers]
+    for layer in layers:
+        layer.training, layer.track_running_stats = True, False
+    try:
+        yield
+    finally:
+        for layer, (training, tracking) in zip(layers, before, strict=True):
+            layer.training, layer.track_running_stats = training, tracking
 
 
 class Adapter(Protocol):
@@ -68,6 +85,8 @@ class EmbeddingMethod(Method):
     adapter: Adapter | None = None
     # A frozen backbone's features on disk (`use_feature_cache`), else None: embedded anew.
     feature_cache: FeatureCache | None = None
+    # Test episodes normalised with BatchNorm statistics of their own (`use_episode_statistics`).
+    episode_statistics = False
 
     def __init__(
         self,
@@ -114,6 +133,13 @@ class EmbeddingMethod(Method):
         """Solve test episodes with `adapter`, which adapts the backbone to each episode: no
         embedding is the same in two episodes, so there is no cache."""
         self.adapter, self.caches = adapter, False
+
+    def use_episode_statistics(self) -> None:
+        """Normalise each test episode with BatchNorm statistics of its own, as Relation
+        Networks' code evaluates: the backbone's of its support images, then of its queries,
+        and a relation module's of the episode's pairs. Transductive (a query's scores depend
+        on the other queries), and no evaluation cache: no embedding serves two episodes."""
+        self.episode_statistics, self.caches = True, False
 
     def embed(self, images: torch.Tensor, checked: bool = True) -> torch.Tensor:
         """Flat float32 features [N, d] of normalised images [N, C, H, W] (autocast if amp);
@@ -176,8 +202,9 @@ class EmbeddingMethod(Method):
 
     @property
     def transductive(self) -> bool:
-        """Whether the classifier also reads the unlabelled queries (BD-CSPN, TIM, PT-MAP)."""
-        return self.head_name in TRANSDUCTIVE
+        """Whether a query's scores depend on the other queries: a classifier that reads them
+        (BD-CSPN, TIM, PT-MAP), or BatchNorm on each episode's statistics."""
+        return self.head_name in TRANSDUCTIVE or self.episode_statistics
 
     def to_scores(self, logits: torch.Tensor) -> torch.Tensor:
         """Class probabilities of the scaled logits."""
@@ -194,14 +221,19 @@ class EmbeddingMethod(Method):
         """Embed the support once and the queries `batch` at a time (BatchNorm in eval mode:
         an image's embedding is its own), then classify them in the same chunks, or all at
         once for a transductive classifier; with the seeds of `episode` where it is given.
-        Classes of unequal counts are read as a varied episode's (the head's shot is None)."""
+        Classes of unequal counts are read as a varied episode's (the head's shot is None).
+        With `episode_statistics`, the support and then all the queries are one batch each."""
         way, shot = len(shots), (shots[0] if len(set(shots)) == 1 else None)
-        features = self.embed(support)[None]
         labels = class_labels(shots, support.device)[None]
-        queries = torch.cat([self.embed(chunk) for chunk in query.split(batch)])
-        chunks = [queries] if self.transductive else queries.split(batch)
         head = self.head if episode is None else self.episode_head(episode[None])
-        logits = [self.scale * head(q[None], features, labels, way, shot)[0] for q in chunks]
+        own = self.episode_statistics
+        with own_statistics(self) if own else contextlib.nullcontext():
+            features = self.embed(support)[None]
+            queries = torch.cat(
+                [self.embed(chunk) for chunk in query.split(len(query) if own else batch)]
+            )
+            chunks = [queries] if self.transductive else queries.split(batch)
+            logits = [self.scale * head(q[None], features, labels, way, shot)[0] for q in chunks]
         return self.to_scores(torch.cat(logits).float())
 
     def divergence_advice(self) -> str:
@@ -319,6 +351,8 @@ class EmbeddingMethod(Method):
         head is `episode_head`'s. An adapter (`use_adapter`) builds the solver instead."""
         if self.adapter is not None:
             return self.adapter(split, shot, device, stop)
+        if self.episode_statistics:
+            return self.own_statistics_solver(split, shot, device)
         features = self.split_features(split, device, stop).to(device) if cache else None
 
         @torch.no_grad()
@@ -329,6 +363,34 @@ class EmbeddingMethod(Method):
             else:
                 embeddings = features[index.clamp(min=0).to(device)]
             return episode_loss(embeddings, self.episode_head(index), self.scale, shots)[1]
+
+        return solve
+
+    def own_statistics_solver(
+        self, split: ImageSplit, shot: int | VariedShape, device: torch.device
+    ) -> EpisodeSolver:
+        """`solver` with `episode_statistics`: one episode at a time, its support embedded as
+        one batch and its queries as another, the head on the episode alone."""
+        if not isinstance(shot, int):
+            raise FewshotError(
+                "BatchNorm on each episode's statistics reads episodes of one shot, not varied "
+                "episodes"
+            )
+
+        @torch.no_grad()
+        def solve(index: torch.Tensor) -> torch.Tensor:
+            accuracies = []
+            for one in index.split(1):
+                images = episode_images(split, one, device)[0]  # [way, pool, C, H, W]
+                with own_statistics(self):
+                    parts = [images[:, :shot], images[:, shot:]]
+                    embedded = [
+                        self.embed(p.flatten(0, 1)).unflatten(0, p.shape[:2]) for p in parts
+                    ]
+                    embeddings = torch.cat(embedded, dim=1)[None]
+                    head = self.episode_head(one)
+                    accuracies.append(episode_loss(embeddings, head, self.scale, shot)[1])
+            return torch.cat(accuracies)
 
         return solve
 
