@@ -24,9 +24,11 @@ import argparse
 import json
 import math
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -276,11 +278,18 @@ def record(args: argparse.Namespace, entry: dict) -> None:
         f.write(json.dumps(entry) + "\n")
 
 
+def watch(process: subprocess.Popen, name: str, exits: queue.SimpleQueue) -> None:
+    """Put `name` in `exits` once `process` has ended (run in a thread of its own)."""
+    process.wait()
+    exits.put(name)
+
+
 def schedule(args: argparse.Namespace) -> None:
     """Run every unfinished job, at most --jobs at a time, reporting after each one ends."""
     pending = [job for job in jobs(args) if not job.done()]
     names = {job.name: job for job in jobs(args)}
     running: dict[str, tuple[subprocess.Popen, float]] = {}
+    exits: queue.SimpleQueue[str] = queue.SimpleQueue()  # a job's name when its process ends
     failed: set[str] = set()
     # SIGTERM (e.g. kill PID) stops the children too; they checkpoint on SIGTERM.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
@@ -309,9 +318,16 @@ def schedule(args: argparse.Namespace) -> None:
                     break
                 if all(names[d].done() for d in job.deps):
                     pending.remove(job)
-                    running[job.name] = (launch(args, job), time.time())
+                    process = launch(args, job)
+                    running[job.name] = (process, time.time())
+                    watcher = (process, job.name, exits)
+                    threading.Thread(target=watch, args=watcher, daemon=True).start()
                     print(f"{time.strftime('%H:%M:%S')} start: {job.name}", flush=True)
-            time.sleep(1)
+            if not running:  # nothing will end, so what is pending can never start
+                failed.update(job.name for job in pending)
+                pending.clear()
+            else:
+                exits.get()  # until a job ends: no polling
     finally:
         for process, _ in running.values():
             process.terminate()
