@@ -51,10 +51,12 @@ def test_own_statistics_normalises_each_batch_and_keeps_the_running_ones():
     assert not layer.training and layer.track_running_stats
 
 
-def reference_logits(model, support, labels, query):
+def reference_logits(model, support, labels, query, backbone_only=False):
     """The relation scores of one episode with every BatchNorm layer in training mode (its
-    running statistics untouched: momentum 0), support and queries one batch each."""
-    model = copy.deepcopy(model).train()
+    running statistics untouched: momentum 0), or the backbone's alone, support and queries
+    one batch each."""
+    model = copy.deepcopy(model)
+    (model.backbone if backbone_only else model).train()
     for layer in model.modules():
         if isinstance(layer, nn.BatchNorm2d):
             layer.momentum = 0.0
@@ -93,6 +95,12 @@ def test_relation_episodes_on_their_own_statistics_match_a_hand_computation(
         scores = method.predict(support, torch.arange(5), query)
         torch.testing.assert_close(scores, torch.sigmoid(logits), atol=1e-5, rtol=1e-5)
         differ |= not torch.allclose(scores, relation.predict(support, torch.arange(5), query))
+        backbone = copy.deepcopy(relation)
+        backbone.use_episode_statistics(backbone_only=True)
+        alone = reference_logits(relation, support, torch.arange(5), query, backbone_only=True)
+        scores = backbone.predict(support, torch.arange(5), query)
+        torch.testing.assert_close(scores, torch.sigmoid(alone), atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(alone, logits)  # the relation module's statistics count
     assert own.tolist() == pytest.approx(expected) and torch.equal(own, other_batch)
     assert differ  # the trained statistics give other scores
     assert running.shape == own.shape

@@ -179,6 +179,42 @@ def check_matching_similarity(out: Path, printed: str) -> None:
         assert f"| {arm} | `" in text
 
 
+def check_batch_norm_protocol(out: Path, printed: str) -> None:
+    rows = load(out / "results.json")["rows"]
+    assert [r["method"] for r in rows].count("ProtoNet") == 4
+    assert [
+        (r["way"], r["shot"], r["query"]) for r in rows if r["method"] == "Relation Networks"
+    ] == [
+        (5, 1, 15),
+        (5, 1, 1),
+        (5, 5, 15),
+        (20, 1, 15),
+        (20, 5, 15),
+    ]
+    for r in rows:
+        name = f"{r['config']}.{r['way']}w{r['shot']}s{r['query']}q"
+        running = load(out / "evals" / f"{name}.running.json")
+        own = load(out / "evals" / f"{name}.transductive.json")
+        assert own["batch_norm"] == "transductive" and own["transductive"] and not own["cache"]
+        assert not running["transductive"] and running["query"] == own["query"] == r["query"]
+        assert 100 * r["running"][0] == pytest.approx(running["accuracy"], abs=1e-4)
+        paired = torch.tensor(own["accuracies"]) - torch.tensor(running["accuracies"])
+        assert r["difference"][0] == pytest.approx(float(paired.mean()), abs=1e-6)
+    text = (out / "results.md").read_text()
+    assert "| Relation Networks | 5-way 1-shot | 1 | `relation_conv4_5way1shot` |" in text
+    backbone = load(out / "results.json")["backbone_only"]
+    assert [(r["way"], r["shot"]) for r in backbone] == [(5, 1), (20, 1)]
+    for r in backbone:
+        name = f"{r['config']}.{r['way']}w{r['shot']}s15q.backbone_only.json"
+        accuracies = torch.tensor(load(out / "evals" / name)["accuracies"])
+        assert len(accuracies) == 2
+        assert r["backbone_only"][0] == pytest.approx(float(accuracies.mean()))
+        running = load(out / "evals" / name.replace("backbone_only", "running"))["accuracies"]
+        paired = float((accuracies - torch.tensor(running)).mean())
+        assert r["difference"][0] == pytest.approx(paired, abs=1e-6)
+    assert "| 20-way 1-shot | `relation_conv4_5way1shot` | " in text
+
+
 def check_omniglot_reproduction(out: Path, printed: str) -> None:
     rows = load(out / "results.json")["rows"]
     shipped = [(r["config"], r["way"], r["shot"]) for r in rows if r["shipped"]]
@@ -355,6 +391,12 @@ DRIVERS = {
         ("--out", "{out}", *OMNIGLOT),
         ("results.json", "results.md"),
         check_matching_similarity,
+    ),
+    "batch_norm_protocol": Driver(
+        "experiments.batch_norm_protocol.study",
+        ("--out", "{out}", *OMNIGLOT),
+        ("results.json", "results.md"),
+        check_batch_norm_protocol,
     ),
     "omniglot_reproduction": Driver(
         "experiments.omniglot_reproduction.study",

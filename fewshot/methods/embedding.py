@@ -85,8 +85,10 @@ class EmbeddingMethod(Method):
     adapter: Adapter | None = None
     # A frozen backbone's features on disk (`use_feature_cache`), else None: embedded anew.
     feature_cache: FeatureCache | None = None
-    # Test episodes normalised with BatchNorm statistics of their own (`use_episode_statistics`).
+    # Test episodes normalised with BatchNorm statistics of their own (`use_episode_statistics`):
+    # the whole model's layers, or the backbone's alone.
     episode_statistics = False
+    backbone_statistics_only = False
 
     def __init__(
         self,
@@ -134,12 +136,19 @@ class EmbeddingMethod(Method):
         embedding is the same in two episodes, so there is no cache."""
         self.adapter, self.caches = adapter, False
 
-    def use_episode_statistics(self) -> None:
+    def use_episode_statistics(self, backbone_only: bool = False) -> None:
         """Normalise each test episode with BatchNorm statistics of its own, as Relation
         Networks' code evaluates: the backbone's of its support images, then of its queries,
-        and a relation module's of the episode's pairs. Transductive (a query's scores depend
-        on the other queries), and no evaluation cache: no embedding serves two episodes."""
+        and a relation module's of the episode's pairs (`backbone_only`: the head keeps its
+        trained ones, to tell which part's statistics move a result). Transductive (a query's
+        scores depend on the other queries), and no evaluation cache: no embedding serves two
+        episodes."""
         self.episode_statistics, self.caches = True, False
+        self.backbone_statistics_only = backbone_only
+
+    def statistics_scope(self) -> nn.Module:
+        """The part whose BatchNorm layers read each episode's statistics."""
+        return self.backbone if self.backbone_statistics_only else self
 
     def embed(self, images: torch.Tensor, checked: bool = True) -> torch.Tensor:
         """Flat float32 features [N, d] of normalised images [N, C, H, W] (autocast if amp);
@@ -227,7 +236,7 @@ class EmbeddingMethod(Method):
         labels = class_labels(shots, support.device)[None]
         head = self.head if episode is None else self.episode_head(episode[None])
         own = self.episode_statistics
-        with own_statistics(self) if own else contextlib.nullcontext():
+        with own_statistics(self.statistics_scope()) if own else contextlib.nullcontext():
             features = self.embed(support)[None]
             queries = torch.cat(
                 [self.embed(chunk) for chunk in query.split(len(query) if own else batch)]
@@ -382,7 +391,7 @@ class EmbeddingMethod(Method):
             accuracies = []
             for one in index.split(1):
                 images = episode_images(split, one, device)[0]  # [way, pool, C, H, W]
-                with own_statistics(self):
+                with own_statistics(self.statistics_scope()):
                     parts = [images[:, :shot], images[:, shot:]]
                     embedded = [
                         self.embed(p.flatten(0, 1)).unflatten(0, p.shape[:2]) for p in parts
