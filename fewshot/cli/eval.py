@@ -365,7 +365,7 @@ class EpisodeSettings(ModelSettings):
         smallest and largest way, unequal shots)."""
         shape = self.shape
         if isinstance(shape, VariedShape):
-            if getattr(method, "episode_statistics", False):
+            if method.episode_statistics:
                 raise FewshotError(
                     "--varied does not apply with --batch-norm transductive for an embedding "
                     "method: its support and queries are normalised as one batch each, of one "
@@ -381,7 +381,7 @@ class EpisodeSettings(ModelSettings):
     def check_cache(self, method: Method, name: str) -> None:
         """Refuse --cache for `method` (named `name` in messages) where it has none (call this
         before reading data)."""
-        if self.cache and getattr(method, "episode_statistics", False):
+        if self.cache and method.episode_statistics:
             raise FewshotError(
                 f"--cache does not apply to {name} with --batch-norm transductive: each "
                 "embedding depends on its episode's statistics"

@@ -191,6 +191,9 @@ class Method(nn.Module):
     score_name = "probability"
     # Whether a query's scores depend on the other queries (a transductive classifier).
     transductive = False
+    # Whether test episodes are normalised with BatchNorm statistics of their own (embedding
+    # methods' `use_episode_statistics`; the MAML family's `transductive` says its own).
+    episode_statistics = False
 
     def predict(
         self,

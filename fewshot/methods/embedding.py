@@ -85,9 +85,8 @@ class EmbeddingMethod(Method):
     adapter: Adapter | None = None
     # A frozen backbone's features on disk (`use_feature_cache`), else None: embedded anew.
     feature_cache: FeatureCache | None = None
-    # Test episodes normalised with BatchNorm statistics of their own (`use_episode_statistics`):
-    # the whole model's layers, or the backbone's alone.
-    episode_statistics = False
+    # With `episode_statistics` (`use_episode_statistics`): the backbone's BatchNorm layers
+    # alone read each episode's statistics, or the whole model's.
     backbone_statistics_only = False
 
     def __init__(
