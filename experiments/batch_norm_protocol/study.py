@@ -83,7 +83,12 @@ def main(argv: list[str] | None = None) -> None:
             results["rows"].append(record)
     results["backbone_only"] = []
     for way, shot in BACKBONE_ONLY if 20 in args.ways else []:
-        config = f"relation_conv4_5way{shot}shot"
+        (config,) = {
+            r["config"]
+            for r in results["rows"]
+            if (r["method"], r["way"], r["shot"], r["query"])
+            == ("Relation Networks", way, shot, 15)
+        }  # the row's own model, paired with its running statistics
         out = evals / f"{config}.{way}w{shot}s15q.backbone_only.json"
         accuracies = backbone_only(config, way, shot, args.episodes, args.data_root, out)
         record = {"way": way, "shot": shot, "config": config}

@@ -70,8 +70,9 @@ def rows() -> list[Row]:
     """The table's rows, in the order they are printed: ProtoNet's one train+val model at
     every shape (as Snell et al.), each other method's model per shape; where that one is not
     shipped, the MAML family's CPU-budget 5-way 1-shot models at 5 ways, and for Matching and
-    Relation Networks their 5-way model of the shot, else of 1 shot (the row says what it
-    trained on)."""
+    Relation Networks their 1-shot model of the way, else the 5-way model of the shot, else of
+    1 shot (the row says what it trained on): a relation module learns how many of its pairs
+    match, one in `way`, so the way counts first."""
     table = []
     for method, (name, numbers, source) in PAPERS.items():
         for (w, s), paper in zip(SHAPES, numbers, strict=False):
@@ -81,8 +82,8 @@ def rows() -> list[Row]:
             elif name in MAML_FAMILY and w == 5:  # its classifier is 5-way: any shot
                 configs += (f"{name}_conv4_5way1shot_cpu",)
             elif name in ("matching", "relation"):  # any of their models reads any shape
-                configs = tuple(dict.fromkeys([*configs, f"{name}_conv4_5way{s}shot"]))
-                configs = tuple(dict.fromkeys([*configs, f"{name}_conv4_5way1shot"]))
+                others = [f"{name}_conv4_{w}way1shot", f"{name}_conv4_5way{s}shot"]
+                configs = tuple(dict.fromkeys([*configs, *others, f"{name}_conv4_5way1shot"]))
             table.append(Row(method, w, s, configs, paper, source))
     return table
 
@@ -104,9 +105,12 @@ SMOKE = {"episodes": 4, "val_episodes": 2, "epochs": 1, "episodes_per_epoch": 4}
 
 def ship(run: str, target: Path, logs: Path) -> None:
     """A run's last checkpoint as a shipped model: settings, weights and training history only
-    (no optimizer or sampler state), and its metrics log beside the study."""
+    (no optimizer or sampler state; the run folder as the config names it, not this machine's),
+    and its metrics log beside the study."""
     ckpt = load_checkpoint(Path(run) / "last.pt")
     slim = {key: ckpt[key] for key in ("config", "model", "progress")}
+    config = json.loads((REPO / "models" / "omniglot" / f"{target.stem}.json").read_text())
+    slim["config"] = {**slim["config"], "out": config["out"]}
     atomic_torch_save(slim, target)
     logs.mkdir(parents=True, exist_ok=True)
     atomic_write_text((Path(run) / "metrics.jsonl").read_text(), logs / f"{target.stem}.jsonl")
@@ -157,7 +161,8 @@ def main(argv: list[str] | None = None) -> None:
             sha = file_sha256(path)
             cached = out / "evals" / f"{config}.{sha[:12]}.{row.way}w{row.shot}s.json"
             cached.parent.mkdir(parents=True, exist_ok=True)
-            acc = evaluate(str(path), data, row.way, row.shot, args.episodes, cached)
+            typed = path.relative_to(REPO) if path.is_relative_to(REPO) else path  # as typed
+            acc = evaluate(str(typed), data, row.way, row.shot, args.episodes, cached)
             record |= {
                 "accuracy": 100 * float(acc.double().mean()),
                 "ci95": 100 * ci95(acc),
