@@ -15,6 +15,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from tracked import tracked
 from trainers import make_trainer
 
 from fewshot.datasets import GEOMETRY
@@ -33,17 +34,8 @@ REPO = Path(__file__).resolve().parents[1]
 def shipped_configs() -> list[Path]:
     """The configs the repository ships: the JSON files of models/ that git tracks (a file a
     user writes there, e.g. an `--out` result, is none of them), every one outside git."""
-    try:
-        done = subprocess.run(
-            ["git", "ls-files", "models/*/*.json"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
-        return sorted((REPO / "models").glob("*/*.json"))
-    return sorted(REPO / name for name in done.stdout.split())
+    configs = tracked("models/*/*.json")
+    return sorted((REPO / "models").glob("*/*.json")) if configs is None else configs
 
 
 ALL_CONFIGS = shipped_configs()

@@ -4,35 +4,28 @@ as typed from the repository root or a driver's run folder, never by a training 
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath, PureWindowsPath
 
+from tracked import REPO, tracked
+
 from fewshot.runtime.io import load_checkpoint
 
-REPO = Path(__file__).resolve().parents[1]
 SUFFIXES = (".json", ".jsonl", ".pt")
 
 
 def recorded() -> list[Path]:
     """The JSON, JSON-lines and checkpoint files git tracks (outside git: those of experiments/
     and models/)."""
-    try:
-        done = subprocess.run(
-            ["git", "ls-files", *(f"*{suffix}" for suffix in SUFFIXES)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-    except (OSError, subprocess.CalledProcessError):
+    files = tracked(*(f"*{suffix}" for suffix in SUFFIXES))
+    if files is None:
         return sorted(
             path
             for folder in ("experiments", "models")
             for path in (REPO / folder).rglob("*")
             if path.suffix in SUFFIXES
         )
-    return sorted(REPO / name for name in done.stdout.split())
+    return files
 
 
 def strings(value: object) -> Iterator[str]:
