@@ -20,11 +20,11 @@ seconds=$1 out=$2 runs=${3:-runs/zoo}
 shift $(($# < 3 ? $# : 3))
 names=("$@")
 if [ ${#names[@]} = 0 ]; then
-    # The Relation model trained on toward 99.0 % and the 5-way MAML models first (the
-    # table's goal and its largest gaps), then shapes with no model yet.
-    names=(relation_conv4_5way1shot_on maml_conv4_5way1shot maml_conv4_5way5shot
-        fomaml_conv4_5way1shot imaml_conv4_5way1shot maml_conv4_20way1shot
-        relation_conv4_20way1shot)
+    # The 5-way MAML models first (the table's largest gaps), then 20-way shapes with no
+    # model yet.
+    names=(maml_conv4_5way1shot maml_conv4_5way5shot fomaml_conv4_5way1shot
+        imaml_conv4_5way1shot maml_conv4_20way1shot fomaml_conv4_20way1shot
+        imaml_conv4_20way1shot)
 fi
 python=${PYTHON:-python3} device=${DEVICE:-cuda}
 for name in "${names[@]}"; do
