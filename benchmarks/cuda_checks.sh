@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks that need a GPU, in one run of under 10 minutes (the parts' limits add up to 595
+# The checks that need a GPU, in one run of under 10 minutes (the parts' limits add up to 590
 # s, the training runs of every method counted once: they run at once), every figure under
 # OUT_DIR: the CUDA tests, the throughput, EHG, precision (float32 against bf16: the measurement
 # behind --amp auto on GPUs) and MAML-family benchmarks, a few steps of `fewshot train` for
@@ -7,9 +7,10 @@
 # `fewshot pretrain` and two test-time classifiers on its features, the Omniglot trainval
 # ProtoNet trained end to end and evaluated, the SVM head's solvers side by side, the iterative
 # test-time classifiers (20-way PT-MAP among them), P>M>F's fine-tuning one episode at a
-# time against a batch at once, and the MetaOptNet side-by-side when
-# the shared reference folder is beside the repository. Each part has its own time limit, so a
-# slow part cannot starve the others; summary.txt gives each part's exit status and seconds.
+# time against a batch at once, and the training step eager and through torch.compile (--compile,
+# CUDA graphs among its modes). Each part has its own time limit, so a slow part cannot starve
+# the others; summary.txt gives each part's exit status and seconds. The MetaOptNet side-by-side
+# (benchmarks/bench_vs_metaoptnet.py, measured on an H200 on 2026-11-28) runs by its own command.
 #
 # Usage, from the repository root: bash benchmarks/cuda_checks.sh [--smoke] [OUT_DIR]
 # (default OUT_DIR runs/cuda; fewshot importable by $PYTHON, default python3). --smoke runs every
@@ -73,6 +74,7 @@ if [ "$smoke" = 1 ]; then
     svm=(--cases 3w2s2q/16 --episodes 2 --repeats 1)
     classifiers=(--smoke)
     pmf=(--smoke)
+    compile=(--smoke --modes off,default)
     # The 688 validation classes (embedding the 1692 test classes took most of the two
     # classifiers' parts), and few enough episodes that embedding each one costs less.
     classifier_eval=(--split val --episodes 16 --episodes-per-batch 8)
@@ -94,14 +96,16 @@ else
     classifiers=(--way 20 --goal 10)
     # 64 episodes of 20 steps, to fit the part's limit (the GPU times are not measured yet).
     pmf=(--episodes 64 --steps 20)
+    # Every mode: reduce-overhead replays CUDA graphs (the launch-bound Conv-4 step).
+    compile=(--steps 50 --repeats 3)
 fi
 "$python" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" \
     >>"$out/summary.txt"
 part pytest_cuda 30 "$python" -m pytest -q -p no:cacheprovider "${cuda_tests[@]}"
-part bench_throughput 45 "$python" -m benchmarks.bench_throughput --device "$device" \
+part bench_throughput 40 "$python" -m benchmarks.bench_throughput --device "$device" \
     "${throughput[@]}"
 part bench_ehg 40 "$python" -m benchmarks.bench_ehg --device "$device" "${ehg[@]}"
-part bench_precision 50 "$python" -m benchmarks.bench_precision --device "$device" \
+part bench_precision 35 "$python" -m benchmarks.bench_precision --device "$device" \
     "${precision[@]}"
 part bench_adaptation 25 "$python" -m benchmarks.bench_adaptation --device "$device" \
     "${adaptation[@]}"
@@ -124,7 +128,7 @@ together train anil_channels_last --method anil --channels-last
 wait
 # Pretraining with its defaults (one pass over the 688 validation classes' images, a stand-in
 # for the train split's 82k), then its frozen features under two test-time classifiers.
-part pretrain 40 "$python" -m fewshot pretrain --dataset omniglot --train-split val \
+part pretrain 25 "$python" -m fewshot pretrain --dataset omniglot --train-split val \
     --val-split test --epochs 1 --batch-size 256 --val-episodes 16 --device "$device" \
     --out "$runs/pretrain"
 for classifier in logistic pt-map; do
@@ -144,12 +148,8 @@ part bench_svm 30 "$python" -m benchmarks.bench_svm --device "$device" "${svm[@]
 part bench_classifiers 40 "$python" -m benchmarks.bench_classifiers --device "$device" \
     "${classifiers[@]}"
 part bench_pmf 25 "$python" -m benchmarks.bench_pmf --device "$device" "${pmf[@]}"
-if [ -d ../shared/reference ] && [ "$smoke" = 0 ]; then
-    for backbone in conv4 resnet12; do
-        part "bench_vs_metaoptnet_$backbone" 30 "$python" -m benchmarks.bench_vs_metaoptnet \
-            --amp off -- --device cuda --backbone "$backbone"
-    done
-fi
+# Each mode compiles on its first step (a cold cache: tens of seconds on a GPU).
+part bench_compile 90 "$python" -m benchmarks.bench_compile --device "$device" "${compile[@]}"
 # Background parts cannot set a variable here: the summary is the record of every exit status.
 if grep -q ': exit [^0]' "$out/summary.txt"; then
     exit 1

@@ -16,6 +16,7 @@ TRAINED += ["imaml", "matching", "relation", "anil_channels_last", "trainval"]
 PARTS = ["pytest_cuda", "bench_throughput", "bench_ehg", "bench_precision", "bench_adaptation"]
 PARTS += [f"train_{name}" for name in TRAINED] + ["eval_trainval", "bench_svm"]
 PARTS += ["pretrain", "eval_logistic", "eval_pt-map", "bench_classifiers", "bench_pmf"]
+PARTS += ["bench_compile"]
 
 
 @pytest.mark.slow
@@ -39,5 +40,8 @@ def test_the_gpu_script_runs_every_part_at_smoke_size(tmp_path):
     assert (tmp_path / "eval_trainval.json").is_file()
     assert "goals" in (tmp_path / "bench_svm.txt").read_text()
     assert "goal: 16 episodes in one call" in (tmp_path / "bench_classifiers.txt").read_text()
+    assert re.search(
+        r"^default .* ms/step .*x eager", (tmp_path / "bench_compile.txt").read_text(), re.M
+    )
     # The training runs' folders are temporary: OUT_DIR holds the figures only.
     assert not list(tmp_path.rglob("*.pt"))

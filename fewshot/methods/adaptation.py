@@ -62,10 +62,11 @@ USUAL_INNER = {"inner_lr": (1e-4, 1.0), "inner_steps": (1, 100), "proximal": (1e
 
 
 def unused_settings(variant: str) -> frozenset[str]:
-    """The training settings a variant never reads: the embedding heads' and, for the
-    variants that adapt every layer under vmap, channels_last (BatchNorm inside vmap cannot
-    query a channels_last tensor on CUDA; ANIL runs its backbone outside vmap)."""
-    unused = {"head", "head_options", "eval_head_options", "label_smoothing"}
+    """The training settings a variant never reads: the embedding heads', compile (the
+    variants differentiate through adapted weights, ANIL's backbone runs in threads on a CPU)
+    and, for the variants that adapt every layer under vmap, channels_last (BatchNorm inside
+    vmap cannot query a channels_last tensor on CUDA; ANIL runs its backbone outside vmap)."""
+    unused = {"head", "head_options", "eval_head_options", "label_smoothing", "compile"}
     return frozenset(unused if variant == "anil" else unused | {"channels_last"})
 
 

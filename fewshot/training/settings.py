@@ -58,9 +58,10 @@ from fewshot.runtime.settings import (
     seed_setting,
     setting,
 )
+from fewshot.training.compiled import COMPILE_MODES
 
-# Keys a run may change when it is resumed: how long, where and on what it runs.
-CHANGEABLE_ON_RESUME = ("epochs", "out", "device", "data_root")
+# Keys a run may change when it is resumed: how long, where, on what and how fast it runs.
+CHANGEABLE_ON_RESUME = ("epochs", "out", "device", "data_root", "compile")
 
 
 @dataclass
@@ -143,6 +144,14 @@ class RunSettings:
         "pretraining; the MAML family defaults to off)",
     )
     amp: str = amp_setting()
+    compile: str = setting(
+        "off",
+        help="torch.compile the backbone in the training steps (validation stays eager): "
+        "default fuses its operations, reduce-overhead also replays them as CUDA graphs; the "
+        "first step compiles (tens of seconds); not for the MAML family (they "
+        "differentiate through adapted weights, or run ANIL's backbone in threads)",
+        choices=COMPILE_MODES,
+    )
     seed: int = seed_setting(0, help="seed of the episodes, splits, augmentation and weights")
     device: str = device_setting()
     out: str = setting("runs/default", help="run folder (checkpoints, metrics.jsonl)")

@@ -46,6 +46,7 @@ from fewshot.training.checkpoint import (
     training_checkpoint,
     without_fetch,
 )
+from fewshot.training.compiled import CompiledBackbone
 from fewshot.training.settings import PretrainSettings, RunSettings, TrainSettings
 from fewshot.training.stages import batches_for
 from fewshot.training.state import Progress, RandomStreams
@@ -215,6 +216,7 @@ class Trainer:
         # Every rank draws the same full batch and keeps its own share of the episodes, so a
         # step sees the episodes a single process would (gradients are averaged by DDP).
         self.forward = self.method
+        self.compiled = CompiledBackbone(self.method, settings.compile)
         if dist.world > 1:
             ids = [device.index] if device.type == "cuda" else None
             self.forward = DistributedDataParallel(self.method, device_ids=ids)
@@ -287,17 +289,23 @@ class Trainer:
         gradient is not finite (with fp16 the AMP scaler already skips inf/nan gradients).
         """
         losses, accuracies = [], []
-        for index, arguments in self.batches.draw(self.streams.resplit, self.dist, self.device):
-            if self.train_features is None:
-                images = episode_images(
-                    self.train_data, index, self.device, self.augment, self.settings.channels_last
-                )
-                loss, acc = self.forward(images, *arguments)
-            else:  # a varied episode's padding (-1) takes the first image's, never read
-                features = self.train_features[index.cpu().clamp(min=0)].to(self.device)
-                loss, acc = self.method.embedded_loss(features, *arguments)
-            losses.append(loss)
-            accuracies.append(acc)
+        draws = self.batches.draw(self.streams.resplit, self.dist, self.device)
+        with self.compiled.active():
+            for index, arguments in draws:
+                if self.train_features is None:
+                    images = episode_images(
+                        self.train_data,
+                        index,
+                        self.device,
+                        self.augment,
+                        self.settings.channels_last,
+                    )
+                    loss, acc = self.forward(images, *arguments)
+                else:  # a varied episode's padding (-1) takes the first image's, never read
+                    features = self.train_features[index.cpu().clamp(min=0)].to(self.device)
+                    loss, acc = self.method.embedded_loss(features, *arguments)
+                losses.append(loss)
+                accuracies.append(acc)
         loss, acc = torch.stack(losses).mean(), torch.cat(accuracies)
         self.optimizer.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
