@@ -147,8 +147,17 @@ def test_show_refuses_in_one_line(tmp_path, argv, message, capsys):
     assert message in err and len(err.strip().splitlines()) == 1
 
 
-def test_show_refuses_a_file_that_is_not_saved_episodes(tmp_path, capsys):
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (json.dumps({"accuracy": 99.0}), "is not a file of fewshot eval --save-episodes"),
+        ("garbage", "is not valid JSON: Expecting value: line 1 column 1"),
+        ("[1, 2]", "must hold a JSON object, not a list"),
+    ],
+)
+def test_show_refuses_a_file_that_is_not_saved_episodes(tmp_path, capsys, text, message):
     other = tmp_path / "result.json"
-    other.write_text(json.dumps({"accuracy": 99.0}))
+    other.write_text(text)
     assert main(["show", str(other), "--out", str(tmp_path / "x.png")]) == 2
-    assert "is not a file of fewshot eval --save-episodes" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert message in err and str(other) in err and len(err.strip().splitlines()) == 1

@@ -6,7 +6,6 @@ queries, green when classified right, red with the class they were given when wr
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +13,13 @@ from fewshot.datasets import load_split
 from fewshot.datasets.base import ImageSplit
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import atomic_save_figure, prepare_output
-from fewshot.runtime.settings import Command, SettingError, check_fields, setting
+from fewshot.runtime.settings import (
+    Command,
+    SettingError,
+    check_fields,
+    read_json_object,
+    setting,
+)
 
 SUFFIXES = (".png", ".pdf", ".svg")
 FRAMES = {"support": "tab:blue", "right": "tab:green", "wrong": "tab:red"}
@@ -46,11 +51,8 @@ class ShowSettings:
 
 def read_saved(path: Path) -> dict:
     """A saved-episodes file, refused in one line when it is not one."""
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise FewshotError(f"cannot read {path}: {e}") from None
-    missing = [key for key in SAVED_KEYS if not isinstance(saved, dict) or key not in saved]
+    saved = read_json_object(path, "episodes file")
+    missing = [key for key in SAVED_KEYS if key not in saved]
     if missing:
         raise FewshotError(
             f"{path} is not a file of fewshot eval --save-episodes (no {missing[0]!r})"
