@@ -17,8 +17,9 @@ from fewshot.methods import UNUSED_SETTINGS, build_method
 from fewshot.runtime.errors import FewshotError
 from fewshot.training.settings import PretrainSettings, TrainSettings, make_config
 
-# Where a run reads and writes and what it runs on: they choose the place, not the run.
-PLACES = {"dataset", "data_root", "out", "device", "extra_data"}  # extra_data: test_sources.py
+# Where a run reads and writes, what it runs on and how fast: they choose the place, not the run
+# (extra_data: test_sources.py; compile, the same run to float32 rounding: test_compiled.py).
+PLACES = {"dataset", "data_root", "out", "device", "extra_data", "compile"}
 # The methods with the heads they are tried with (the MAML family has no head, matching and
 # relation a comparison module instead).
 RUNS = {
