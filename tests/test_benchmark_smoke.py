@@ -1,5 +1,6 @@
 """The benchmark scripts that tests/test_benchmarks.py does not run, in their --smoke mode: each
-runs end to end in seconds and prints (or writes) well-formed figures."""
+runs end to end in seconds and prints (or writes) well-formed figures (bench_classifiers' and
+bench_pmf's smoke runs are parts of the GPU script's: tests/test_cuda_checks.py reads them)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,9 @@ from test_benchmarks import run
 
 from benchmarks import (
     bench_adaptation,
-    bench_classifiers,
     bench_hpo,
     bench_hpo_cleaning,
     bench_memmap,
-    bench_pmf,
     bench_predict,
     bench_vs_metaoptnet,
 )
@@ -47,37 +46,6 @@ def test_bench_adaptation_smoke(monkeypatch, capsys):
         # The ratio (to 0.01) of the times before they were rounded to 0.001 s.
         low, high = (five - 5e-4) / (one + 5e-4), (five + 5e-4) / max(one - 5e-4, 1e-9)
         assert low - 0.005 <= ratio <= high + 0.005
-
-
-def test_bench_classifiers_smoke(monkeypatch, capsys):
-    out = run(monkeypatch, capsys, bench_classifiers, "--smoke", "--device", "cpu")
-    assert "16 seeded 5-way 1-shot 15-query (seed 0)" in out
-    for name in ("pt-map", "tim", "finetune", "logistic"):
-        # Both batchings give every episode the same accuracy: 0/16 differ.
-        row = rf"^{name} +({NUMBER}) +({NUMBER}) +({NUMBER}) ± {NUMBER}  0/16$"
-        figures = re.search(row, out, re.M)
-        assert figures, out
-        # Times of 16 episodes may round to 0.00 s; the accuracy is the model's.
-        assert float(figures[1]) >= 0 and float(figures[2]) >= 0 and 90 < float(figures[3]) <= 100
-    goal = r"^goal: 16 episodes in one call under 60 s each: (met|MISSED by .+)$"
-    assert re.search(goal, out, re.M), out
-
-
-def test_bench_pmf_smoke(monkeypatch, capsys):
-    out = run(monkeypatch, capsys, bench_pmf, "--smoke", "--device", "cpu")
-    assert "4 seeded 5-way 1-shot 2-query Omniglot test episodes (seed 0), 2 a call" in out
-    rows = [
-        re.search(rf"^{name} +({NUMBER}) +({NUMBER}) ± {NUMBER}$", out, re.M)
-        for name in ("one at a time", "2 at once")
-    ]
-    assert all(rows), out
-    (alone, one), (together, both) = (map(float, row.groups()) for row in rows)
-    assert one == both and 50 < one <= 100  # the same accuracies: the same fine-tuning
-    assert "episodes whose accuracy differs: 0/4" in out
-    ratio = float(re.search(rf"batched / one at a time: ({NUMBER})x the time", out)[1])
-    # The ratio of the times before they were rounded to 0.01 s.
-    low, high = (together - 0.005) / (alone + 0.005), (together + 0.005) / max(alone - 0.005, 1e-9)
-    assert low - 0.005 <= ratio <= high + 0.005
 
 
 def test_bench_hpo_smoke(monkeypatch, capsys, tmp_path):

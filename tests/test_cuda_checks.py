@@ -17,6 +17,7 @@ PARTS = ["pytest_cuda", "bench_throughput", "bench_ehg", "bench_precision", "ben
 PARTS += [f"train_{name}" for name in TRAINED] + ["eval_trainval", "bench_svm"]
 PARTS += ["pretrain", "eval_logistic", "eval_pt-map", "bench_classifiers", "bench_pmf"]
 PARTS += ["bench_compile"]
+NUMBER = r"\d+\.\d+"
 
 
 @pytest.mark.slow
@@ -39,9 +40,42 @@ def test_the_gpu_script_runs_every_part_at_smoke_size(tmp_path):
     assert "accuracy" in (tmp_path / "eval_trainval.txt").read_text()
     assert (tmp_path / "eval_trainval.json").is_file()
     assert "goals" in (tmp_path / "bench_svm.txt").read_text()
-    assert "goal: 16 episodes in one call" in (tmp_path / "bench_classifiers.txt").read_text()
+    check_bench_classifiers((tmp_path / "bench_classifiers.txt").read_text())
+    check_bench_pmf((tmp_path / "bench_pmf.txt").read_text())
     assert re.search(
         r"^default .* ms/step .*x eager", (tmp_path / "bench_compile.txt").read_text(), re.M
     )
     # The training runs' folders are temporary: OUT_DIR holds the figures only.
     assert not list(tmp_path.rglob("*.pt"))
+
+
+def check_bench_classifiers(out: str) -> None:
+    """bench_classifiers --smoke: each classifier's times and accuracy, equal in both batchings."""
+    assert "16 seeded 5-way 1-shot 15-query (seed 0)" in out
+    for name in ("pt-map", "tim", "finetune", "logistic"):
+        # Both batchings give every episode the same accuracy: 0/16 differ.
+        row = rf"^{name} +({NUMBER}) +({NUMBER}) +({NUMBER}) ± {NUMBER}  0/16$"
+        figures = re.search(row, out, re.M)
+        assert figures, out
+        # Times of 16 episodes may round to 0.00 s; the accuracy is the model's.
+        assert float(figures[1]) >= 0 and float(figures[2]) >= 0 and 90 < float(figures[3]) <= 100
+    goal = r"^goal: 16 episodes in one call under 60 s each: (met|MISSED by .+)$"
+    assert re.search(goal, out, re.M), out
+
+
+def check_bench_pmf(out: str) -> None:
+    """bench_pmf --smoke: fine-tuning one episode at a time and two at once, the same accuracies
+    and the ratio of the times printed."""
+    assert "4 seeded 5-way 1-shot 2-query Omniglot test episodes (seed 0), 2 a call" in out
+    rows = [
+        re.search(rf"^{name} +({NUMBER}) +({NUMBER}) ± {NUMBER}$", out, re.M)
+        for name in ("one at a time", "2 at once")
+    ]
+    assert all(rows), out
+    (alone, one), (together, both) = (map(float, row.groups()) for row in rows)
+    assert one == both and 50 < one <= 100  # the same accuracies: the same fine-tuning
+    assert "episodes whose accuracy differs: 0/4" in out
+    ratio = float(re.search(rf"batched / one at a time: ({NUMBER})x the time", out)[1])
+    # The ratio of the times before they were rounded to 0.01 s.
+    low, high = (together - 0.005) / (alone + 0.005), (together + 0.005) / max(alone - 0.005, 1e-9)
+    assert low - 0.005 <= ratio <= high + 0.005

@@ -74,30 +74,32 @@ def reference(request, tmp_path_factory, tiny_omniglot_root) -> tuple[list[str],
 def test_a_run_survives_signals_at_random_moments(reference, tiny_omniglot_root, tmp_path, signum):
     command, want, duration = reference
     rng = random.Random(int(signum))
-    for trial in range(2):
-        out = tmp_path / f"run{trial}"
-        args = [*command, "--out", str(out)]
-        for _ in range(1 + trial):  # one, then two interruptions, then run to the end
-            process = start(args, tiny_omniglot_root)
-            wait_for_lock(process, out)
-            time.sleep(rng.uniform(0.0, duration))
-            process.send_signal(signum)
-            _, err = process.communicate(timeout=300)
-            stderr = err.decode()
-            assert "Traceback" not in stderr, stderr
-            # -signum: the signal came as the process was exiting, after its work was done.
-            if process.returncode not in (0, -signum):
-                assert process.returncode == 128 + signum, stderr
-                assert "interrupted" in stderr.splitlines()[-1], stderr
-            # Continue from the last checkpoint; if none was written, start again.
-            last = out / "last.pt"
-            fresh = [*command, "--out", str(out), "--overwrite"]
-            args = [*command, "--resume", str(last)] if last.exists() else fresh
+    out = tmp_path / "run"
+    args = [*command, "--out", str(out)]
+    # Two interruptions (the second of a resumed run, or of a fresh one where the first came
+    # before any checkpoint), then run to the end. One run, not one per count of interruptions:
+    # each start costs seconds of imports, and this file was a tenth of the suite's time.
+    for _ in range(2):
         process = start(args, tiny_omniglot_root)
+        wait_for_lock(process, out)
+        time.sleep(rng.uniform(0.0, duration))
+        process.send_signal(signum)
         _, err = process.communicate(timeout=300)
-        assert process.returncode == 0, err.decode()
-        got = finished_run(out)
-        assert got["rows"] == want["rows"]
-        for key, value in want["model"].items():
-            assert torch.equal(value, got["model"][key]), key
-        assert not list(out.glob(".*.tmp"))
+        stderr = err.decode()
+        assert "Traceback" not in stderr, stderr
+        # -signum: the signal came as the process was exiting, after its work was done.
+        if process.returncode not in (0, -signum):
+            assert process.returncode == 128 + signum, stderr
+            assert "interrupted" in stderr.splitlines()[-1], stderr
+        # Continue from the last checkpoint; if none was written, start again.
+        last = out / "last.pt"
+        fresh = [*command, "--out", str(out), "--overwrite"]
+        args = [*command, "--resume", str(last)] if last.exists() else fresh
+    process = start(args, tiny_omniglot_root)
+    _, err = process.communicate(timeout=300)
+    assert process.returncode == 0, err.decode()
+    got = finished_run(out)
+    assert got["rows"] == want["rows"]
+    for key, value in want["model"].items():
+        assert torch.equal(value, got["model"][key]), key
+    assert not list(out.glob(".*.tmp"))
