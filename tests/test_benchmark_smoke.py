@@ -1,6 +1,6 @@
 """The benchmark scripts that tests/test_benchmarks.py does not run, in their --smoke mode: each
-runs end to end in seconds and prints (or writes) well-formed figures (bench_classifiers' and
-bench_pmf's smoke runs are parts of the GPU script's: tests/test_cuda_checks.py reads them)."""
+runs end to end in seconds and prints (or writes) well-formed figures (the benchmarks the GPU
+script runs are checked on its smoke run's parts: tests/test_cuda_checks.py)."""
 
 from __future__ import annotations
 

@@ -565,7 +565,7 @@ def test_ctrl_c_in_the_first_seconds_of_a_command_is_one_line(tmp_path):
     row.update(val_ci95=1.0, seconds=1.0, precision="float32")
     (tmp_path / "run" / "metrics.jsonl").write_text(json.dumps(row) + "\n")
     command = [sys.executable, "-m", "fewshot", "plot", "run", "--out", "c.png", "--overwrite"]
-    for delay in [0.5 + 0.15 * i for i in range(16)]:
+    for delay in [0.5 + 0.3 * i for i in range(8)]:
         process = subprocess.Popen(command, cwd=tmp_path, stderr=subprocess.PIPE, text=True)
         time.sleep(delay)
         process.send_signal(signal.SIGINT)

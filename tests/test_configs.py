@@ -86,7 +86,9 @@ def test_config_loads_and_builds(path):
 # weights, then after one update (every config's falls by 0.5-100 %; a third step cost the
 # suite about a minute).
 TRAIN_STEPS = 2
-RESNET12_QUERY = 5
+# Episodes of at most 20 ways, 5 shots and 5 queries a class: the same step on fewer images (the
+# 60-way and 15-shot configs took 20-35 s each; with two queries ProtoNet's loss did not fall).
+EPISODE_CAP = {"way": 20, "shot": 5, "query": 5}
 # What only the data's name, the run's length and folder, and validation read: configs equal in
 # everything else train identically on the same synthetic images, so one of them trains for all.
 NOT_READ_BY_TRAINING = frozenset(
@@ -119,9 +121,9 @@ def heavy(path: Path) -> bool:
 )
 def test_config_trains(path, tmp_path, monkeypatch):
     """A few steps of the config as it is (precision, memory format, head, optimizer, lr,
-    augmentation, episode shape and batch, re-splits; ResNet-12's with at most five queries a
-    class) on synthetic images of its dataset's geometry, one fixed pattern per class: a finite
-    loss that falls, then a validation."""
+    augmentation, episode batch, re-splits; its episodes cut to EPISODE_CAP) on synthetic images
+    of its dataset's geometry, one fixed pattern per class: a finite loss that falls, then a
+    validation."""
     shipped = make_config(str(path), {})
     settings = dataclasses.replace(
         shipped,
@@ -131,11 +133,12 @@ def test_config_trains(path, tmp_path, monkeypatch):
         out=str(tmp_path / "run"),
         init=None,  # a pretraining run's checkpoint (Meta-Baseline): tests/test_pretrain.py
     )
-    if settings.backbone == "resnet12":
-        # At most five queries a class: the same step on fewer images (with their 15 queries
-        # the 32x32 ResNet-12 configs took 30-45 s each; with two, ProtoNet's loss did not fall).
-        query = min(settings.query, RESNET12_QUERY)
-        settings = dataclasses.replace(settings, query=query, val_query=query)
+    cut = {name: min(getattr(settings, name), most) for name, most in EPISODE_CAP.items()}
+    cut |= {
+        f"val_{name}": min(getattr(settings, f"val_{name}"), most)
+        for name, most in EPISODE_CAP.items()
+    }
+    settings = dataclasses.replace(settings, **cut)
     channels, size = GEOMETRY[settings.dataset]
     # Exactly the classes and images of one episode, so every step sees the same images (in
     # new roles, augmented): the loss can fall within a few steps.

@@ -37,9 +37,12 @@ def test_the_gpu_script_runs_every_part_at_smoke_size(tmp_path):
         assert re.search(rf"^{part}: exit 0 \(no limit, took \d+ s\)$", summary, re.M), summary
         assert (tmp_path / f"{part}.txt").stat().st_size > 0
     assert "ratio" in (tmp_path / "bench_adaptation.txt").read_text()
+    check_bench_throughput((tmp_path / "bench_throughput.txt").read_text())
+    check_bench_ehg((tmp_path / "bench_ehg.txt").read_text())
+    check_bench_precision((tmp_path / "bench_precision.txt").read_text())
+    check_bench_svm((tmp_path / "bench_svm.txt").read_text())
     assert "accuracy" in (tmp_path / "eval_trainval.txt").read_text()
     assert (tmp_path / "eval_trainval.json").is_file()
-    assert "goals" in (tmp_path / "bench_svm.txt").read_text()
     check_bench_classifiers((tmp_path / "bench_classifiers.txt").read_text())
     check_bench_pmf((tmp_path / "bench_pmf.txt").read_text())
     assert re.search(
@@ -79,3 +82,49 @@ def check_bench_pmf(out: str) -> None:
     # The ratio of the times before they were rounded to 0.01 s.
     low, high = (together - 0.005) / (alone + 0.005), (together + 0.005) / max(alone - 0.005, 1e-9)
     assert low - 0.005 <= ratio <= high + 0.005
+
+
+def check_bench_throughput(out: str) -> None:
+    """bench_throughput at smoke size: the cached evaluation and the ProtoNet step's rows."""
+    assert "(a) evaluation, 4 seeded episodes, 2 per batch" in out
+    assert re.search(rf"^Omniglot test 40 cl., 20-way 1-shot conv4 +{NUMBER} +{NUMBER} ", out, re.M)
+    assert "accuracies identical" in out
+    assert "2 episodes of 5-way 1-shot 2-query at 84x84 (30 images)" in out
+    assert re.search(rf"conv4 +train_step protonet +{NUMBER} +{NUMBER}x", out)
+
+
+def check_bench_ehg(out: str) -> None:
+    """bench_ehg at smoke size: the step at U = 1 and U = 2."""
+    assert "5-way, 2 queries" in out
+    for u, ratio in (("1", r"1\.00x"), ("2", rf"{NUMBER}x")):
+        assert re.search(rf"^conv4 +protonet +1 +{u} +{NUMBER} +{ratio} +{NUMBER}x$", out, re.M)
+
+
+def check_bench_precision(out: str) -> None:
+    """bench_precision at smoke size: the step in both precisions, then the cached evaluation in
+    both and how many episodes' accuracies differ."""
+    step = re.search(rf"Omniglot 20w1s2q x2 +conv4 +protonet +({NUMBER}) +({NUMBER}) +", out)
+    assert step and float(step[1]) > 0 and float(step[2]) > 0, out
+    assert "(b) cached evaluation of the first 40 of the 1692 test classes" in out
+    assert re.search(rf"^float32 +{NUMBER} s +accuracy", out, re.M)
+    assert re.search(rf"^bf16 +{NUMBER} s +accuracy", out, re.M)
+    assert re.search(r"accuracies differ in \d+ episodes", out)
+
+
+def check_bench_svm(out: str) -> None:
+    """bench_svm at smoke size: both solvers' time, error against float64 and memory, the solver
+    alone, and the goals."""
+    number = r"\d+\.\d+(?:e[-+]\d+)?"
+    for solver in ("interior-point", r"qpth \(15 it\.\)"):
+        row = rf"{solver} +({number}) +{number}x +({number}) +({number}) +{number}x"
+        figures = re.search(row, out)
+        assert figures, out
+        seconds, error, peak = map(float, figures.groups())
+        assert seconds > 0 and error < 1e-3 and peak >= 0
+    assert re.search(r"interior point \d+ iterations, 2/2 converged", out)
+    alone = re.search(
+        rf"solver alone: interior-point ({number}) s, qpth \(15 it\.\) ({number}) s", out
+    )
+    assert alone and min(map(float, alone.groups())) > 0, out
+    assert re.search(r"2 x 3w2s2q d=16 +interior point \d+\.\dx faster \(the head \d+\.\dx\)", out)
+    assert "goals (cpu run):" in out

@@ -33,7 +33,7 @@ def test_the_zoo_model_is_the_trained_checkpoint_and_classifies(omniglot_test):
     for key, value in model.state_dict().items():
         assert torch.equal(value, saved["model"][key]), key
     assert not model.training
-    result = evaluate(model, omniglot_test, EpisodeShape(5, 1, 15, 8), 200, 0, torch.device("cpu"))
+    result = evaluate(model, omniglot_test, EpisodeShape(5, 1, 15, 8), 100, 0, torch.device("cpu"))
     assert result.accuracy > 97.0  # 98.75 % over 2000 such episodes
     untrained = torch.hub.load(
         str(REPO), "protonet_conv4_omniglot", source="local", pretrained=False
@@ -80,8 +80,8 @@ def test_the_metric_zoo_models_classify_real_episodes(name, omniglot_test):
     for key, value in model.state_dict().items():
         assert torch.equal(value, saved["model"][key]), key
     assert not model.training and model.head_name == name
-    result = evaluate(model, omniglot_test, EpisodeShape(5, 1, 15, 8), 200, 0, torch.device("cpu"))
-    # The first 200 of the table's 2000 episodes: within sampling noise of its number.
+    result = evaluate(model, omniglot_test, EpisodeShape(5, 1, 15, 8), 100, 0, torch.device("cpu"))
+    # The first 100 of the table's 2000 episodes: within sampling noise of its number.
     assert result.accuracy > reproduced(f"{name}_conv4_5way1shot", 5, 1) - 2.0
 
 
