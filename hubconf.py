@@ -97,7 +97,7 @@ def imaml_conv4_omniglot(
     pretrained: bool = True, device: str | torch.device = "cpu"
 ) -> AdaptationMethod:
     """iMAML (proximal inner steps, implicit meta-gradient), trained as `maml_conv4_omniglot`
-    for 1,600 meta-iterations, used the same way."""
+    for 3,200 meta-iterations, used the same way."""
     return _zoo_model("imaml_conv4_5way1shot_cpu", "imaml_conv4_omniglot", pretrained, device)
 
 
