@@ -133,10 +133,10 @@ def test_config_trains(path, tmp_path, monkeypatch):
         out=str(tmp_path / "run"),
         init=None,  # a pretraining run's checkpoint (Meta-Baseline): tests/test_pretrain.py
     )
-    cut = {name: min(getattr(settings, name), most) for name, most in EPISODE_CAP.items()}
-    cut |= {
-        f"val_{name}": min(getattr(settings, f"val_{name}"), most)
+    cut = {
+        field: min(getattr(settings, field), most)
         for name, most in EPISODE_CAP.items()
+        for field in (name, f"val_{name}")
     }
     settings = dataclasses.replace(settings, **cut)
     channels, size = GEOMETRY[settings.dataset]
