@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import hashlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -449,6 +450,30 @@ def test_version_and_python_dash_m(capsys):
         [sys.executable, "-m", "fewshot", "--version"], capture_output=True, text=True
     )
     assert (done.returncode, done.stdout.strip()) == (0, f"fewshot {fewshot.__version__}")
+
+
+def test_output_into_a_closed_pipe_ends_quietly_as_a_pipes_writer_does(tmp_path):
+    """`fewshot predict ... | head -1`: the reader gone, the command ends with 128 + SIGPIPE
+    and no traceback, whether its output was written at once or left to the exit's flush."""
+    from PIL import Image
+
+    for name in ("a", "b"):
+        (tmp_path / "support" / name).mkdir(parents=True)
+        Image.new("L", (28, 28), 40 if name == "a" else 0).save(
+            tmp_path / "support" / name / "0.png"
+        )
+    Image.new("L", (28, 28), 30).save(tmp_path / "query.png")
+    command = [sys.executable, "-m", "fewshot", "predict", "--device", "cpu", "--checkpoint"]
+    command += [
+        str(Path(__file__).resolve().parents[1] / "models/omniglot/protonet_conv4_trainval.pt")
+    ]
+    command += ["--support", str(tmp_path / "support"), "--query", str(tmp_path / "query.png")]
+    for unbuffered in ("1", ""):
+        env = {**os.environ, "PYTHONUNBUFFERED": unbuffered}
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        process.stdout.close()  # before the interpreter has even started: the reader is gone
+        err = process.communicate(timeout=120)[1].decode()
+        assert (process.returncode, err) == (128 + signal.SIGPIPE, ""), unbuffered
 
 
 def test_a_source_tree_that_is_not_installed_imports_with_its_version(tmp_path):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Callable
 
@@ -77,9 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with signals_raise():
             command.run(*command.build_settings(args))
+            sys.stdout.flush()  # a closed pipe found here rather than at the interpreter's exit
     except FewshotError as e:
         print(f"{name}: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # Whoever read the output has gone (`fewshot predict ... | head`): end as a pipe's
+        # writer does, with nothing left for the interpreter's exit to flush into the pipe.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except OSError as e:
         if e.filename is None:  # not about a path the user gave: a fault of ours
             raise
