@@ -7,6 +7,7 @@ import csv
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -279,6 +280,72 @@ def test_images_are_read_at_the_models_normalisation(tmp_path, omniglot_test):
     images = images_to_device(omniglot_test, index, torch.device("cpu"))
     want = model.predict(images, torch.arange(3).repeat_interleave(2), images[1::2])
     assert torch.allclose(result.scores, want, atol=1e-5)
+
+
+def original_drawings(root: Path, way: int, queries: int) -> tuple[Path, Path]:
+    """support/<class>/0.png and query/<class>_<j>.png: `way` Vinyals test characters as
+    Omniglot's own files draw them (105x105, dark ink on white paper), from the shipped npz
+    files (True = paper), their first drawer in the support and the next `queries` as queries."""
+    data = REPO / "data" / "omniglot"
+    with (data / "omniglot_index.csv").open() as f:
+        index = {(r["alphabet"], r["character"]): r for r in csv.DictReader(f)}
+    lines = (data / "splits" / "vinyals" / "test.txt").read_text().split()
+    names = [line for line in lines if line.endswith("rot000")]
+    support, query = root / "support", root / "query"
+    query.mkdir(parents=True)
+    drawings = {}
+    for name in names[:: len(names) // way][:way]:
+        alphabet, character, _ = name.split("/")
+        row = index[(alphabet, character)]
+        if row["npz_file"] not in drawings:
+            with np.load(data / row["npz_file"]) as npz:
+                drawings[row["npz_file"]] = npz["images"]
+        pages = drawings[row["npz_file"]][int(row["npz_row"])].astype(np.uint8) * 255
+        label = f"{alphabet}_{character}"
+        (support / label).mkdir(parents=True)
+        Image.fromarray(pages[0]).save(support / label / "0.png")
+        for j in range(1, 1 + queries):
+            Image.fromarray(pages[j]).save(query / f"{label}_{j:02d}.png")
+    return support, query
+
+
+def test_omniglots_own_drawings_are_refused_unless_read_as_negatives(tmp_path, capsys):
+    support, query = original_drawings(tmp_path, way=20, queries=5)
+    argv = ["predict", "--checkpoint", str(PROTONET), "--support", str(support)]
+    assert main([*argv, "--query", str(query), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "mostly light (mean 0.9" in err and "--invert reads them as negatives" in err
+    assert len(err.strip().splitlines()) == 1
+    accuracy = {}
+    for invert in (True, False):
+        result = fewshot.predict(PROTONET, support, query, device="cpu", invert=invert)
+        truth = [Path(p).name.rsplit("_", 1)[0] for p in result.paths]
+        right = [t == p for t, p in zip(truth, result.predicted, strict=True)]
+        accuracy[invert] = sum(right) / len(right)
+    # The zoo ProtoNet at 20-way 1-shot: 95.90 % on the split's own images; on these 100
+    # queries 91 % read as negatives, 53 % as they are.
+    assert accuracy[True] >= 0.85 and accuracy[False] <= 0.7
+    assert "read as negatives (--invert)" in capsys.readouterr().out
+
+
+def test_invert_reads_every_image_as_its_negative(tmp_path, omniglot_test):
+    """The split's images written as negatives and read with --invert score exactly as the
+    images themselves, support and queries."""
+    index = [20 * c + j for c in (0, 40, 80) for j in range(3)]
+    for name, pixels in (("as_is", lambda a: a), ("negative", lambda a: 255 - a)):
+        for i in index:
+            folder = tmp_path / name / "support" / f"{i // 20:04d}"
+            folder.mkdir(parents=True, exist_ok=True)
+            image = Image.fromarray(pixels(omniglot_test.images[i, 0].numpy()))
+            image.save(folder / f"{i}.png")
+            image.save(tmp_path / name / f"q{i:04d}.png")
+    as_is, negative = tmp_path / "as_is", tmp_path / "negative"
+    want = fewshot.predict(PROTONET, as_is / "support", sorted(as_is.glob("q*.png")))
+    queries = sorted(negative.glob("q*.png"))
+    got = fewshot.predict(PROTONET, negative / "support", queries, invert=True)
+    assert torch.equal(got.scores, want.scores)
+    read_as_they_are = fewshot.predict(PROTONET, negative / "support", queries, invert=False)
+    assert not torch.allclose(read_as_they_are.scores, want.scores, atol=0.1)
 
 
 @pytest.mark.parametrize("classifier", [None, "logistic", "pt-map"])

@@ -221,10 +221,15 @@ NORMALIZATION: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
     "omniglot": (omniglot.MEAN, omniglot.STD),
     "tieredimagenet": (miniimagenet.MEAN, miniimagenet.STD),
 }
+# Readers of drawings made light on a dark ground (Omniglot's ink 255 on 0: the negative of its
+# own PNG files and of a scan): a model trained on one reads dark-on-light images only as
+# their negatives (`fewshot predict --invert`).
+LIGHT_ON_DARK: frozenset[str] = frozenset({"omniglot"})
 
 __all__ = [
     "FOLDER",
     "GEOMETRY",
+    "LIGHT_ON_DARK",
     "NORMALIZATION",
     "READERS",
     "ImageSplit",
