@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from pathlib import Path
 
@@ -132,6 +133,27 @@ def test_the_zoo_model_scores_the_same_on_the_png_copy(omniglot_folder, tmp_path
     assert copy["dataset_fingerprint"] == builtin["dataset_fingerprint"]
     assert (copy["dataset"], builtin["dataset"]) == ("folder", "omniglot")
     assert copy["data_root"] == str(omniglot_folder.resolve())
+
+
+def test_drawings_of_the_other_polarity_are_refused_for_an_omniglot_model(
+    omniglot_test, tmp_path, capsys
+):
+    """Omniglot drawn as its own files are (dark ink on white: the negatives of the library's
+    images) would give an Omniglot model's accuracy as noise: refused in one line."""
+    for c in range(5):
+        folder = tmp_path / "test" / f"c{c}"
+        folder.mkdir(parents=True)
+        for j in range(3):
+            Image.fromarray(255 - omniglot_test.images[20 * c + j, 0].numpy()).save(
+                folder / f"{j}.png"
+            )
+    args = ["eval", "--checkpoint", str(ZOO), "--dataset", "folder", "--data-root", str(tmp_path)]
+    assert main([*args, *TINY_EPISODES, "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    light = re.search(rf"^fewshot eval: error: {tmp_path} test: its images are mostly light", err)
+    assert light and re.search(r"\(mean 0\.[89]\d of 1\)", err)  # Omniglot's ink: about a tenth
+    assert "evaluate the images' negatives (255 - value)" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 # ---------------------------------------------------------------- layouts and geometry

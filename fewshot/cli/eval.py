@@ -68,6 +68,7 @@ from fewshot.training.checkpoint import (
     check_geometry,
     checkpoint_file,
     load_trained,
+    polarity_mismatch,
 )
 
 # The checkpoint's settings that decide how its method solves a test episode (the weights are
@@ -338,6 +339,12 @@ class EpisodeSettings(ModelSettings):
         split = load_split(
             dataset, self.split, root, resize=side, channels=channels, per_class=self.per_class
         )
+        for model, checkpoint in trained:
+            mismatch = polarity_mismatch(model, split, checkpoint)
+            if mismatch:  # its accuracy would be noise; fewshot predict --invert reads them so
+                raise FewshotError(
+                    f"{root} {self.split}: {mismatch}: evaluate the images' negatives (255 - value)"
+                )
         return [as_trained(model, split, checkpoint) for model, checkpoint in trained]
 
     @property

@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 
 from fewshot.cli.eval import ModelSettings
-from fewshot.datasets import LIGHT_ON_DARK
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import images_to_device
 from fewshot.datasets.folder import Listing, decode_listing, first_image, list_classes, list_images
@@ -32,7 +31,12 @@ from fewshot.runtime.io import (
     prepare_output,
 )
 from fewshot.runtime.settings import Command, SettingError, setting
-from fewshot.training.checkpoint import as_trained, checkpoint_file, load_trained
+from fewshot.training.checkpoint import (
+    as_trained,
+    checkpoint_file,
+    load_trained,
+    polarity_mismatch,
+)
 
 OUT_SUFFIXES = (".csv", ".json")
 
@@ -137,18 +141,15 @@ def read_images(listing: Listing, config: dict, path: Path, what: str) -> ImageS
 
 
 def reads_negatives(settings: PredictSettings, config: dict, support: ImageSplit) -> bool:
-    """--invert or --no-invert as given; by default no, and a support of mostly light images
-    for a model trained on light drawings on dark is refused: its predictions would be noise
-    (Omniglot's own PNG files at 20-way 1-shot: 53 % with the zoo ProtoNet, 91 % read as
-    negatives)."""
+    """--invert or --no-invert as given; by default no, and a support that looks like the
+    negatives of the model's training images is refused: its predictions would be noise."""
     if settings.invert is not None:
         return settings.invert
-    dataset, light = config.get("dataset"), float(support.images.float().mean()) / 255
-    if dataset in LIGHT_ON_DARK and light > 0.5:
+    mismatch = polarity_mismatch(config, support, settings.checkpoint)
+    if mismatch:
         raise FewshotError(
-            f"{settings.support}: its images are mostly light (mean {light:.2f} of 1) and "
-            f"{settings.checkpoint} was trained on {dataset}'s light drawings on a dark "
-            "ground: --invert reads them as negatives (--no-invert: as they are)"
+            f"{settings.support}: {mismatch}: --invert reads them as negatives (--no-invert: "
+            "as they are)"
         )
     return False
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from fewshot.backbones import build_backbone, library_name
-from fewshot.datasets import NORMALIZATION
+from fewshot.datasets import LIGHT_ON_DARK, NORMALIZATION
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeSampler, ImageBatchSampler
 from fewshot.methods import Method, build_method
@@ -328,6 +328,23 @@ def as_trained(config: dict, data: ImageSplit, path: str | Path) -> ImageSplit:
             f"{data.channels}-channel images: damaged"
         )
     return replace(data, mean=tuple(config["mean"]), std=tuple(config["std"]))
+
+
+def polarity_mismatch(config: dict, data: ImageSplit, path: str | Path) -> str | None:
+    """Why `data` looks like the negatives of what the model of checkpoint `path` (settings
+    `config`) was trained on, or None: mostly light images for a model trained on light
+    drawings on a dark ground (Omniglot's own PNG files for a model of the library's Omniglot:
+    53 % at 20-way 1-shot with the zoo ProtoNet, 91 % read as negatives)."""
+    dataset = config.get("dataset")
+    if dataset not in LIGHT_ON_DARK or not len(data.images):
+        return None
+    light = float(data.images.sum(dtype=torch.int64)) / (255 * data.images.numel())
+    if light <= 0.5:
+        return None
+    return (
+        f"its images are mostly light (mean {light:.2f} of 1) and {path} was trained on "
+        f"{dataset}'s light drawings on a dark ground"
+    )
 
 
 def check_fits(config: dict, data: ImageSplit, path: str | Path) -> None:
