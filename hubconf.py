@@ -88,7 +88,7 @@ def fomaml_conv4_omniglot(
 def anil_conv4_omniglot(
     pretrained: bool = True, device: str | torch.device = "cpu"
 ) -> AdaptationMethod:
-    """ANIL (only the classifier adapts), trained as `maml_conv4_omniglot` for 400
+    """ANIL (only the classifier adapts), trained as `maml_conv4_omniglot` for 3,000
     meta-iterations, used the same way."""
     return _zoo_model("anil_conv4_5way1shot_cpu", "anil_conv4_omniglot", pretrained, device)
 
