@@ -70,8 +70,9 @@ def identity(settings: CompareSettings | CompareSeedsSettings) -> dict:
         classifier_options=settings.classifier_options,
         transductive=settings.transductive,
     )
-    if settings.batch_norm:  # only then: the records of the default keep their identity
-        record["batch_norm"] = settings.batch_norm
+    for key in ("batch_norm", "inner_steps"):  # only when given: defaults keep their identity
+        if getattr(settings, key) is not None:
+            record[key] = getattr(settings, key)
     record["checkpoint_sha256"] = [file_sha256(checkpoint_file(p)) for p in paths]
     return record
 

@@ -40,6 +40,7 @@ from fewshot.evaluation.episodes import (
     evaluation_terms,
 )
 from fewshot.heads import CLASSIFIERS, TRANSDUCTIVE, check_head
+from fewshot.methods.adaptation import AdaptationMethod
 from fewshot.methods.base import Method
 from fewshot.methods.embedding import EmbeddingMethod
 from fewshot.methods.feature_cache import FOLDER as FEATURES
@@ -139,6 +140,12 @@ class ModelSettings:
         "predict, MAML family: the support and each query alone)",
         choices=BATCH_NORMS,
     )
+    inner_steps: int | None = setting(
+        None,
+        help="MAML family: gradient steps on each test episode's support (default: the "
+        "checkpoint's eval_inner_steps; the MAML paper tests Omniglot models with 3)",
+        low=0,
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)
@@ -184,6 +191,13 @@ class ModelSettings:
         data, for methods that do not classify embeddings)."""
         method.amp = self.amp
         self.prepare_batch_norm(method, config)
+        if self.inner_steps is not None:
+            if not isinstance(method, AdaptationMethod):
+                raise FewshotError(
+                    f"--inner-steps does not apply to {method_label(config)}: only the MAML "
+                    "family adapts to a test episode by gradient steps"
+                )
+            method.eval_inner_steps = self.inner_steps
         if self.classifier is None:
             return
         if not isinstance(method, EmbeddingMethod):
@@ -550,8 +564,9 @@ def run_eval(settings: EvalSettings) -> EvalResult:
         # family's BatchNorm on each episode's queries.
         transductive=method.transductive,
     )
-    if settings.batch_norm:  # only then: the records of the default keep their identity
-        record["batch_norm"] = settings.batch_norm
+    for key in ("batch_norm", "inner_steps"):  # only when given: defaults keep their identity
+        if getattr(settings, key) is not None:
+            record[key] = getattr(settings, key)
     precision = precision_name(settings.amp, device.type)
     settings.check_cache(method, method_label(config))
     record.update(precision=precision)
