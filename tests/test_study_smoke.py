@@ -179,6 +179,30 @@ def check_matching_similarity(out: Path, printed: str) -> None:
         assert f"| {arm} | `" in text
 
 
+def check_maml_test_steps(out: Path, printed: str) -> None:
+    rows = load(out / "results.json")["rows"]
+    assert [(r["config"].split("_")[0], r["shot"]) for r in rows] == [
+        (name, shot) for name in ("maml", "fomaml", "imaml", "anil") for shot in (1, 5)
+    ]
+    for r in rows:
+        assert r["steps"][str(r["own_steps"])]["difference"] == [0.0, 0.0]
+        for steps, entry in r["steps"].items():
+            name = f"{r['config']}.{r['checkpoint_sha256']}.5w{r['shot']}s.{steps}steps.json"
+            evaluation = load(out / "evals" / name)
+            assert evaluation["inner_steps"] == int(steps) and evaluation["shot"] == r["shot"]
+            assert 100 * entry["accuracy"][0] == pytest.approx(evaluation["accuracy"], abs=1e-4)
+    assert "| ANIL | 5 |" in (out / "results.md").read_text()
+    # The adaptation written out gives each episode the accuracy fewshot eval gives it.
+    probes = load(out / "results.json")["probe"]["rows"]
+    assert [(p["config"], p["shot"]) for p in probes] == [(r["config"], r["shot"]) for r in rows]
+    for r in rows:
+        name = f"{r['config']}.{r['checkpoint_sha256']}.5w{r['shot']}s"
+        written_out = load(out / "evals" / f"{name}.probe2x5.json")["episode_accuracies"]
+        for steps in r["steps"]:
+            evaluated = load(out / "evals" / f"{name}.{steps}steps.json")["accuracies"]
+            assert written_out[int(steps)] == pytest.approx(evaluated, abs=1e-6)
+
+
 def check_batch_norm_protocol(out: Path, printed: str) -> None:
     rows = load(out / "results.json")["rows"]
     assert [r["method"] for r in rows].count("ProtoNet") == 4
@@ -402,6 +426,12 @@ DRIVERS = {
         ("--out", "{out}", *OMNIGLOT),
         ("results.json", "results.md"),
         check_batch_norm_protocol,
+    ),
+    "maml_test_steps": Driver(
+        "experiments.maml_test_steps.study",
+        ("--out", "{out}", *OMNIGLOT),
+        ("results.json", "results.md"),
+        check_maml_test_steps,
     ),
     "omniglot_reproduction": Driver(
         "experiments.omniglot_reproduction.study",

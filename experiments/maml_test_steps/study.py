@@ -1,0 +1,235 @@
+"""The MAML family's test-time steps measured: the shipped Omniglot MAML, first-order MAML,
+iMAML and ANIL models (each trained 5-way 1-shot with one inner step, tested with three as the
+MAML paper tests Omniglot) at 5-way 1-shot and 5-shot, with other numbers of gradient steps on
+each test episode's support (`fewshot eval --inner-steps`).
+
+Every evaluation is on the same seeded test episodes (Vinyals test classes, seed 0, 15 queries
+per class, float32), so each number of steps is paired with the model's own over the episodes.
+Evaluations are cached under `evals/` by the checkpoint's hash (a model shipped anew is
+evaluated anew). Writes results.md and results.json into this folder (--out).
+
+    python -m experiments.maml_test_steps.study    # from the repository root
+    python -m experiments.maml_test_steps.study --smoke --out DIR    # the test suite's run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call
+
+from experiments.cli_runs import (
+    config_overrides,
+    evaluate,
+    markdown_header,
+    markdown_row,
+    percent,
+    write_results,
+)
+from experiments.omniglot_reproduction.study import MAML_FAMILY, PAPERS
+from experiments.smoke import add_smoke_flag, apply_smoke
+from fewshot.datasets import load_split
+from fewshot.datasets.batches import images_to_device
+from fewshot.datasets.sampler import EpisodeShape
+from fewshot.evaluation.episodes import seeded_episodes
+from fewshot.evaluation.stats import ci95
+from fewshot.runtime.io import atomic_write_json, file_sha256
+from fewshot.training.checkpoint import as_trained, load_trained
+
+HERE = Path(__file__).resolve().parent
+MODELS = Path("models/omniglot")  # as typed from the repository root
+METHODS = {name: method for method, (name, _, _) in PAPERS.items() if name in MAML_FAMILY}
+SHOTS = (1, 5)
+CPU = torch.device("cpu")
+SMOKE = {"episodes": 2, "steps": [1], "probe_episodes": 2, "probe_steps": 5}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Evaluate what is missing, write the tables."""
+    args = parse_args(argv)
+    evals = Path(args.out) / "evals"
+    evals.mkdir(parents=True, exist_ok=True)
+    flags = [*config_overrides(args.data_root), "--amp", "off"]
+    results: dict = {"episodes": args.episodes, "rows": []}
+    results["probe"] = {"episodes": args.probe_episodes, "rows": []}
+    probe = f"probe{args.probe_episodes}x{args.probe_steps}"
+    for name in args.models:
+        checkpoint = MODELS / f"{name}_conv4_5way1shot_cpu.pt"
+        own = load_trained(checkpoint, CPU)[0].eval_inner_steps
+        digest = file_sha256(checkpoint)[:12]
+        for shot in SHOTS:
+            record = {"method": METHODS[name], "config": checkpoint.stem, "shot": shot}
+            record.update(checkpoint_sha256=digest)
+            accuracies = {}
+            for steps in sorted({*args.steps, own}):
+                out = evals / f"{checkpoint.stem}.{digest}.5w{shot}s.{steps}steps.json"
+                step_flags = [*flags, "--inner-steps", str(steps)]
+                accuracies[steps] = evaluate(
+                    str(checkpoint), step_flags, 5, shot, args.episodes, out
+                )
+            results["rows"].append({**record, "own_steps": own, "steps": summary(accuracies, own)})
+            out = evals / f"{checkpoint.stem}.{digest}.5w{shot}s.{probe}.json"
+            if not out.is_file():  # cached as the evaluations are
+                curves = adaptation_probe(
+                    checkpoint, shot, args.probe_episodes, args.probe_steps, args.data_root
+                )
+                atomic_write_json({"episodes": args.probe_episodes, **curves}, out)
+            curves = json.loads(out.read_text())
+            del curves["episode_accuracies"]  # in the cached file
+            results["probe"]["rows"].append({**record, **curves})
+    write_results(results, table(results), Path(args.out))
+
+
+def summary(accuracies: dict[int, torch.Tensor], own: int) -> dict:
+    """Per number of steps: accuracy ± CI, the difference from the `own` steps paired over the
+    episodes ± CI, and the episodes under 90 %."""
+    table = {}
+    for steps, values in accuracies.items():
+        difference = values - accuracies[own]
+        table[str(steps)] = {
+            "accuracy": [float(values.mean()), ci95(values)],
+            "difference": [float(difference.mean()), ci95(difference)],
+            "below_90": int((values < 0.9).sum()),
+        }
+    return table
+
+
+def adaptation_probe(
+    checkpoint: Path, shot: int, episodes: int, steps: int, data_root: str | None
+) -> dict:
+    """The model's test-time adaptation written out on the first `episodes` of the study's
+    5-way episodes: gradient descent at its inner_lr on the support cross-entropy of its adapted
+    part (ANIL: the classifier, on features of the episode's images embedded in one pass; the
+    others: the whole network, BatchNorm on each batch's statistics), plus iMAML's proximal term
+    (proximal / 2) |theta - theta_0|^2. The mean inner objective and query accuracy after each
+    of 0..`steps` steps, and each episode's accuracy per step (to check against `fewshot eval
+    --inner-steps`)."""
+    method, config = load_trained(checkpoint, CPU)
+    anil = method.variant == "anil"
+    module = method.network.classifier if anil else method.network
+    init = {name: value.detach() for name, value in module.named_parameters()}
+    proximal = method.proximal if method.variant == "imaml" else 0.0
+    split = load_split("omniglot", "test", data_root, per_class=shot + 15)
+    split = as_trained(config, split, checkpoint)
+    support_labels = torch.arange(5).repeat_interleave(shot)
+    query_labels = torch.arange(5).repeat_interleave(15)
+    objectives, accuracies = [], []
+    for batch in seeded_episodes(split, EpisodeShape(5, shot, 15, 8), episodes, 0):
+        for episode in images_to_device(split, batch, CPU):  # [way, pool, C, H, W]
+            inputs = episode
+            if anil:
+                with torch.no_grad():
+                    features = method.network.backbone(episode.flatten(0, 1))
+                inputs = features.unflatten(0, episode.shape[:2])
+            support, query = inputs[:, :shot].flatten(0, 1), inputs[:, shot:].flatten(0, 1)
+            theta = dict(init)
+            objective_curve, accuracy_curve = [], []
+            for _ in range(steps + 1):
+                theta = {name: value.requires_grad_() for name, value in theta.items()}
+                logits = functional_call(module, theta, (support,))
+                objective = F.cross_entropy(logits, support_labels)
+                for name, value in theta.items():
+                    objective = objective + proximal / 2 * ((value - init[name]) ** 2).sum()
+                with torch.no_grad():
+                    predicted = functional_call(module, theta, (query,)).argmax(dim=1)
+                objective_curve.append(float(objective.detach()))
+                accuracy_curve.append(float((predicted == query_labels).float().mean()))
+                grads = torch.autograd.grad(objective, list(theta.values()))
+                theta = {
+                    name: (value - method.inner_lr * grad).detach()
+                    for (name, value), grad in zip(theta.items(), grads, strict=True)
+                }
+            objectives.append(objective_curve)
+            accuracies.append(accuracy_curve)
+    objectives_t, accuracies_t = torch.tensor(objectives), torch.tensor(accuracies)
+    return {
+        "objective": objectives_t.mean(dim=0).tolist(),
+        "accuracy": accuracies_t.mean(dim=0).tolist(),
+        "episode_accuracies": accuracies_t.T.tolist(),
+    }
+
+
+def table(results: dict) -> str:
+    """The markdown tables of results.json: accuracies, then differences from the own steps."""
+    steps = sorted({int(s) for r in results["rows"] for s in r["steps"]})
+    columns = [f"{s} step{'s' if s != 1 else ''}" for s in steps]
+    lines = [
+        f"Omniglot test classes, {results['episodes']} seeded 5-way episodes (seed 0, 15 "
+        "queries per class), float32: accuracy ± 95% CI (%) after each number of gradient "
+        "steps on the episode's support (the model's own steps marked *), then episodes "
+        "under 90 % at each:",
+        "",
+        *markdown_header("method", "shot", *columns),
+    ]
+    for r in results["rows"]:
+        cells = [cell(r, s, "accuracy") for s in steps]
+        lines.append(markdown_row(r["method"], str(r["shot"]), *cells))
+    lines += [
+        "",
+        "Difference from the model's own steps, paired over the episodes (percentage points), "
+        "and episodes under 90 %:",
+        "",
+        *markdown_header("method", "shot", *columns),
+    ]
+    for r in results["rows"]:
+        cells = [cell(r, s, "difference") for s in steps]
+        lines.append(markdown_row(r["method"], str(r["shot"]), *cells))
+    probe = results["probe"]
+    if probe["rows"]:
+        last = len(probe["rows"][0]["objective"]) - 1
+        shown = [k for k in (0, 1, 2, 3, 5, 10, 15, 20) if k <= last]
+        lines += [
+            "",
+            f"The adaptation written out on the first {probe['episodes']} of these episodes: "
+            "the mean inner objective (support cross-entropy, iMAML's with its proximal term) "
+            "/ query accuracy (%) after each number of steps:",
+            "",
+            *markdown_header("method", "shot", *[str(k) for k in shown]),
+        ]
+        for r in probe["rows"]:
+            cells = [f"{r['objective'][k]:.3f} / {100 * r['accuracy'][k]:.1f}" for k in shown]
+            lines.append(markdown_row(r["method"], str(r["shot"]), *cells))
+    return "\n".join(lines) + "\n"
+
+
+def cell(row: dict, steps: int, key: str) -> str:
+    """One table cell: the row's accuracy or difference at `steps` (own steps starred; the
+    difference cell also says how many episodes fell under 90 %)."""
+    entry = row["steps"].get(str(steps))
+    if entry is None:
+        return ""
+    if key == "accuracy":
+        return percent(*entry["accuracy"]) + ("*" if steps == row["own_steps"] else "")
+    return f"{percent(*entry['difference'], signed=True)} ({entry['below_90']})"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The study's settings (from the command line unless `argv` is given)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--episodes", type=int, default=2000, help="test episodes per shape")
+    parser.add_argument(
+        "--steps", type=int, nargs="+", default=[1, 2, 3, 5, 10, 20], help="steps to test"
+    )
+    parser.add_argument(
+        "--models", nargs="+", default=list(METHODS), choices=list(METHODS), help="methods"
+    )
+    parser.add_argument(
+        "--probe-episodes", type=int, default=200, help="episodes of the written-out adaptation"
+    )
+    parser.add_argument(
+        "--probe-steps", type=int, default=20, help="steps of the written-out adaptation"
+    )
+    parser.add_argument("--out", default=str(HERE), help="results folder")
+    parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
+    add_smoke_flag(parser)
+    args = parser.parse_args(argv)
+    apply_smoke(args, SMOKE, ())
+    return args
+
+
+if __name__ == "__main__":
+    main()
