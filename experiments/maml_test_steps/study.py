@@ -157,27 +157,24 @@ def table(results: dict) -> str:
     """The markdown tables of results.json: accuracies, then differences from the own steps."""
     steps = sorted({int(s) for r in results["rows"] for s in r["steps"]})
     columns = [f"{s} step{'s' if s != 1 else ''}" for s in steps]
-    lines = [
-        f"Omniglot test classes, {results['episodes']} seeded 5-way episodes (seed 0, 15 "
-        "queries per class), float32: accuracy ± 95% CI (%) after each number of gradient "
-        "steps on the episode's support (the model's own steps marked *), then episodes "
-        "under 90 % at each:",
-        "",
-        *markdown_header("method", "shot", *columns),
-    ]
-    for r in results["rows"]:
-        cells = [cell(r, s, "accuracy") for s in steps]
-        lines.append(markdown_row(r["method"], str(r["shot"]), *cells))
-    lines += [
-        "",
-        "Difference from the model's own steps, paired over the episodes (percentage points), "
-        "and episodes under 90 %:",
-        "",
-        *markdown_header("method", "shot", *columns),
-    ]
-    for r in results["rows"]:
-        cells = [cell(r, s, "difference") for s in steps]
-        lines.append(markdown_row(r["method"], str(r["shot"]), *cells))
+    captions = {
+        "accuracy": f"Omniglot test classes, {results['episodes']} seeded 5-way episodes (seed 0, "
+        "15 queries per class), float32: accuracy ± 95% CI (%) after each number of gradient "
+        "steps on the episode's support (the model's own steps marked *):",
+        "difference": "Difference from the model's own steps, paired over the episodes "
+        "(percentage points), and episodes under 90 %:",
+    }
+    lines = []
+    for key, caption in captions.items():
+        lines += [
+            *([""] if lines else []),
+            caption,
+            "",
+            *markdown_header("method", "shot", *columns),
+        ]
+        for r in results["rows"]:
+            cells = [cell(r, s, key) for s in steps]
+            lines.append(markdown_row(r["method"], str(r["shot"]), *cells))
     probe = results["probe"]
     if probe["rows"]:
         last = len(probe["rows"][0]["objective"]) - 1
