@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from fewshot.cli.eval import EpisodeSettings, method_label, result_identity
+from fewshot.cli.eval import EpisodeSettings, given_settings, method_label, result_identity
 from fewshot.evaluation.episodes import EvalResult
 from fewshot.evaluation.stats import Difference, paired_ci, paired_seeds_ci, seeds_ci
 from fewshot.runtime.device import resolve_device
@@ -70,9 +70,7 @@ def identity(settings: CompareSettings | CompareSeedsSettings) -> dict:
         classifier_options=settings.classifier_options,
         transductive=settings.transductive,
     )
-    for key in ("batch_norm", "inner_steps"):  # only when given: defaults keep their identity
-        if getattr(settings, key) is not None:
-            record[key] = getattr(settings, key)
+    record.update(given_settings(settings))
     record["checkpoint_sha256"] = [file_sha256(checkpoint_file(p)) for p in paths]
     return record
 

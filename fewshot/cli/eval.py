@@ -107,6 +107,17 @@ def result_identity(record: dict) -> dict:
     return {key: value for key, value in record.items() if key not in RECORDED_ONLY}
 
 
+# Settings a record holds only when given, so that the records of their defaults keep their
+# identity (results written before the setting existed included).
+RECORDED_WHEN_GIVEN = ("batch_norm", "inner_steps")
+
+
+def given_settings(settings: ModelSettings) -> dict:
+    """The settings of RECORDED_WHEN_GIVEN that were given, as a record holds them."""
+    values = {key: getattr(settings, key) for key in RECORDED_WHEN_GIVEN}
+    return {key: value for key, value in values.items() if value is not None}
+
+
 def method_label(config: dict) -> str:
     """How messages name a checkpoint's method: `--method NAME`, or pretraining."""
     return f"--method {config['method']}" if "method" in config else "a pretrained model"
@@ -564,9 +575,7 @@ def run_eval(settings: EvalSettings) -> EvalResult:
         # family's BatchNorm on each episode's queries.
         transductive=method.transductive,
     )
-    for key in ("batch_norm", "inner_steps"):  # only when given: defaults keep their identity
-        if getattr(settings, key) is not None:
-            record[key] = getattr(settings, key)
+    record.update(given_settings(settings))
     precision = precision_name(settings.amp, device.type)
     settings.check_cache(method, method_label(config))
     record.update(precision=precision)
