@@ -241,6 +241,27 @@ def test_maml_configs_have_the_maml_papers_settings(name, way, steps, inner_lr, 
     assert c.epochs * c.episodes_per_epoch // c.episodes_per_batch == 60_000  # meta-iterations
 
 
+ANIL_CONFIGS = sorted((REPO / "models" / "omniglot").glob("anil_conv4_*way*shot.json"))
+
+
+@pytest.mark.parametrize("path", ANIL_CONFIGS, ids=lambda p: p.stem)
+def test_anil_configs_are_their_maml_twins(path):
+    """ANIL is MAML with only the classifier adapted: every other setting is the MAML paper's
+    of the same shape (the ANIL paper reports its Omniglot numbers against MAML's at 20 ways)."""
+    anil = read_config_file(path)
+    maml = read_config_file(path.with_name(path.name.replace("anil", "maml")))
+    differ = {k for k in anil.keys() | maml.keys() if anil.get(k) != maml.get(k)}
+    assert differ == {"method", "out"}
+    assert anil["method"] == "anil"
+
+
+def test_every_omniglot_maml_shape_has_an_anil_config():
+    shapes = {p.name.split("_")[-1] for p in (REPO / "models" / "omniglot").glob("maml_conv4_*")}
+    assert {p.name.split("_")[-1] for p in ANIL_CONFIGS} == {
+        s for s in shapes if s.endswith("shot.json")
+    }
+
+
 def test_paper_configs_cover_every_setting():
     names = {config_id(p) for p in PAPER_CONFIGS}
     expected = {
