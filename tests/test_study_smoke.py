@@ -203,6 +203,29 @@ def check_maml_test_steps(out: Path, printed: str) -> None:
             assert written_out[int(steps)] == pytest.approx(evaluated, abs=1e-6)
 
 
+def check_imaml_inner_steps(out: Path, printed: str) -> None:
+    results = load(out / "results.json")
+    arms = results["arms"]
+    assert [a["inner_steps"] for a in arms] == [5, 16]
+    for arm in arms:
+        config = load(
+            out / "runs" / "imaml_inner_steps" / f"steps{arm['inner_steps']}" / "config.json"
+        )
+        assert config["method_options"]["inner_steps"] == arm["inner_steps"]
+        assert config["method"] == "imaml" and config["epochs"] == 1
+        for steps, (accuracy, _) in arm["test"].items():
+            evaluation = load(
+                out / "evals" / f"trained{arm['inner_steps']}.tested{steps}.5w1s.json"
+            )
+            assert evaluation["inner_steps"] == int(steps)
+            assert 100 * accuracy == pytest.approx(evaluation["accuracy"], abs=1e-4)
+    a = load(out / "evals" / "trained5.tested5.5w1s.json")["accuracies"]
+    b = load(out / "evals" / "trained16.tested16.5w1s.json")["accuracies"]
+    expected = sum(y - x for x, y in zip(a, b, strict=True)) / len(a)
+    assert results["sixteen_minus_five"]["mean"] == pytest.approx(expected, abs=1e-9)
+    assert "| 16 steps |" in (out / "results.md").read_text()
+
+
 def check_batch_norm_protocol(out: Path, printed: str) -> None:
     rows = load(out / "results.json")["rows"]
     assert [r["method"] for r in rows].count("ProtoNet") == 4
@@ -426,6 +449,12 @@ DRIVERS = {
         ("--out", "{out}", *OMNIGLOT),
         ("results.json", "results.md"),
         check_batch_norm_protocol,
+    ),
+    "imaml_inner_steps": Driver(
+        "experiments.imaml_inner_steps.study",
+        ("--out", "{out}", *OMNIGLOT),
+        ("results.json", "results.md"),
+        check_imaml_inner_steps,
     ),
     "maml_test_steps": Driver(
         "experiments.maml_test_steps.study",
