@@ -80,7 +80,7 @@ def maml_conv4_omniglot(
 def fomaml_conv4_omniglot(
     pretrained: bool = True, device: str | torch.device = "cpu"
 ) -> AdaptationMethod:
-    """First-order MAML, trained as `maml_conv4_omniglot` for 2,000 meta-iterations, used the
+    """First-order MAML, trained as `maml_conv4_omniglot` for 4,000 meta-iterations, used the
     same way."""
     return _zoo_model("fomaml_conv4_5way1shot_cpu", "fomaml_conv4_omniglot", pretrained, device)
 

@@ -13,9 +13,9 @@ from fewshot.evaluation.episodes import evaluate
 from fewshot.runtime.io import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
-# The MAML family's zoo models over 2000 5-way 1-shot test episodes (seed 0): 97.36, 95.11,
+# The MAML family's zoo models over 2000 5-way 1-shot test episodes (seed 0): 97.36, 96.49,
 # 96.11, 94.08 % (experiments/omniglot_reproduction/); a floor under each, 200 episodes here.
-MAML_FLOOR = {"maml": 95.0, "fomaml": 93.0, "anil": 94.0, "imaml": 91.5}
+MAML_FLOOR = {"maml": 95.0, "fomaml": 94.5, "anil": 94.0, "imaml": 91.5}
 
 
 def test_backbones_build_through_the_hub():
