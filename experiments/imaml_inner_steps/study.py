@@ -52,9 +52,10 @@ def main(argv: list[str] | None = None) -> None:
     evals = Path(args.out) / "evals"
     evals.mkdir(parents=True, exist_ok=True)
     options = json.loads(CONFIG.read_text())["method_options"]
-    sizes = {k: getattr(args, k) for k in ("episodes_per_epoch", "episodes_per_batch")}
-    sizes["val_episodes"] = args.val_episodes
-    flags = [*config_overrides(args.data_root, **sizes), "--epochs", str(args.epochs)]
+    sizes = ("episodes_per_epoch", "episodes_per_batch", "val_episodes")
+    flags = config_overrides(args.data_root, **{k: getattr(args, k) for k in sizes})
+    flags += ["--epochs", str(args.epochs)]
+    test_flags = [*config_overrides(args.data_root), "--amp", "off"]
     results: dict = {"episodes": args.episodes, "epochs": args.epochs, "arms": []}
     accuracies = {}
     for trained_steps in STEPS:
@@ -70,9 +71,8 @@ def main(argv: list[str] | None = None) -> None:
         }
         for test_steps in STEPS:
             out = evals / f"trained{trained_steps}.tested{test_steps}.5w1s.json"
-            test_flags = [*config_overrides(args.data_root), "--amp", "off"]
-            test_flags += ["--inner-steps", str(test_steps)]
-            acc = evaluate(f"{run}/last.pt", test_flags, 5, 1, args.episodes, out)
+            steps = [*test_flags, "--inner-steps", str(test_steps)]
+            acc = evaluate(f"{run}/last.pt", steps, 5, 1, args.episodes, out)
             accuracies[trained_steps, test_steps] = acc
             arm["test"][str(test_steps)] = [float(acc.double().mean()), ci95(acc)]
         results["arms"].append(arm)
