@@ -112,20 +112,24 @@ def test_anil_is_maml_restricted_to_the_classifier():
     assert reference["network.backbone.encoder.0.0.weight"].abs().sum() > 0  # reaches the backbone
 
 
-@pytest.mark.parametrize("lam, mu", [(10.0, None), (2.0, 24.0)])
-def test_imaml_is_the_implicit_gradient_at_the_adapted_weights(lam, mu):
+@pytest.mark.parametrize(
+    "lam, mu, loop", [(10.0, None, "proximal"), (2.0, 24.0, "proximal"), (2.0, 24.0, "pull_back")]
+)
+def test_imaml_is_the_implicit_gradient_at_the_adapted_weights(lam, mu, loop):
     # mu (solver_proximal; None: lam) large enough for H + mu I to be positive definite
     # (asserted below): the system iMAML solves, which conjugate gradient solves exactly. The
-    # damped case is the iMAML authors' code's system at lam = 2: (I + H / 24) x = g.
+    # damped case is the iMAML authors' code's system at lam = 2: (I + H / 24) x = g, and
+    # pull_back its inner loop.
     steps, lr = 30, 0.05
-    options = {} if mu is None else {"solver_proximal": mu}
+    options = {"inner_loop": loop} if mu is None else {"solver_proximal": mu, "inner_loop": loop}
     model = method(
         "imaml", inner_steps=steps, inner_lr=lr, proximal=lam, solver_steps=200, **options
     )
     images = episodes(batch=1)
     ours = meta_gradient(model, images)
-    # Reference: theta_K by plain gradient descent on the proximal support loss, then
-    # mu (H + mu I)^-1 grad of the query loss, with H the explicit Hessian of the support loss.
+    # Reference: theta_K by plain gradient descent on the proximal support loss (pull_back: on
+    # the support loss, then theta_K - lr lam (theta_K - phi)), then mu (H + mu I)^-1 grad of
+    # the query loss, with H the explicit Hessian of the support loss.
     mu = lam if mu is None else mu
     names = [k[len("network.") :] for k, _ in model.named_parameters()]
     init = [p.detach() for p in model.parameters()]
@@ -143,10 +147,13 @@ def test_imaml_is_the_implicit_gradient_at_the_adapted_weights(lam, mu):
 
     phi = torch.cat([p.flatten() for p in init])
     theta = phi.clone()
+    proximal = lam if loop == "proximal" else 0.0
     for _ in range(steps):
         theta = theta.requires_grad_()
-        loss = support_loss(theta) + lam / 2 * ((theta - phi) ** 2).sum()
+        loss = support_loss(theta) + proximal / 2 * ((theta - phi) ** 2).sum()
         theta = (theta - lr * torch.autograd.grad(loss, theta)[0]).detach()
+    if loop == "pull_back":
+        theta = theta - lr * lam * (theta - phi)
     hessian = torch.autograd.functional.hessian(support_loss, theta)
     assert torch.linalg.eigvalsh(hessian).min() > -mu
     theta = theta.requires_grad_()
@@ -158,6 +165,20 @@ def test_imaml_is_the_implicit_gradient_at_the_adapted_weights(lam, mu):
     expected = mu * torch.linalg.solve(hessian + mu * torch.eye(len(phi), dtype=phi.dtype), g)
     flat_ours = torch.cat([ours[f"network.{n}"].flatten() for n in names])
     torch.testing.assert_close(flat_ours, expected, rtol=1e-6, atol=1e-8)
+
+
+def test_imaml_pulled_back_in_training_tests_as_maml_adapts():
+    # The authors' code tests at lambda = 0: plain steps on the support loss, MAML's adaptation
+    # of the same weights; the proximal loop's differ.
+    images = episodes()
+    maml = method("maml", inner_steps=4, inner_lr=0.3)
+    pulled = method("imaml", inner_steps=4, inner_lr=0.3, proximal=2.0, inner_loop="pull_back")
+    proximal = method("imaml", inner_steps=4, inner_lr=0.3, proximal=2.0)
+    assert torch.equal(pulled.accuracy(images, SHOT), maml.accuracy(images, SHOT))
+    support, query = images[0][:, :SHOT].flatten(0, 1), images[0][:, SHOT:].flatten(0, 1)
+    scores = [m.scores(support, [SHOT] * WAY, query, 4) for m in (maml, pulled, proximal)]
+    torch.testing.assert_close(scores[1], scores[0], rtol=0, atol=1e-12)
+    assert not torch.allclose(scores[2], scores[0])
 
 
 def test_the_engine_gives_imaml_closed_form_for_a_linear_head_with_squared_loss():

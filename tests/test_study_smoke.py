@@ -203,6 +203,31 @@ def check_maml_test_steps(out: Path, printed: str) -> None:
             assert written_out[int(steps)] == pytest.approx(evaluated, abs=1e-6)
 
 
+def check_imaml_inner_loop(out: Path, printed: str) -> None:
+    arms = load(out / "results.json")["arms"]
+    assert [(a["inner_loop"], a["inner_steps"]) for a in arms] == [
+        ("proximal", 5),
+        ("pull_back", 16),
+        ("pull_back", 5),
+    ]
+    first = load(out / "evals" / "proximal5.5w1s.json")["accuracies"]
+    for arm in arms:
+        name = f"{arm['inner_loop']}{arm['inner_steps']}"
+        options = load(out / "runs" / "imaml_inner_loop" / name / "config.json")["method_options"]
+        assert (options["inner_loop"], options["inner_steps"]) == (
+            arm["inner_loop"],
+            arm["inner_steps"],
+        )
+        evaluation = load(out / "evals" / f"{name}.5w1s.json")
+        assert evaluation["method_options"] == options  # tested with its own loop and steps
+        assert 100 * arm["test"][0] == pytest.approx(evaluation["accuracy"], abs=1e-4)
+        if "minus_proximal" in arm:
+            b = evaluation["accuracies"]
+            expected = sum(y - x for x, y in zip(first, b, strict=True)) / len(b)
+            assert arm["minus_proximal"]["mean"] == pytest.approx(expected, abs=1e-9)
+    assert "minus_proximal" not in arms[0] and "| pull_back | 16 |" in printed
+
+
 def check_imaml_inner_steps(out: Path, printed: str) -> None:
     results = load(out / "results.json")
     arms = results["arms"]
@@ -449,6 +474,12 @@ DRIVERS = {
         ("--out", "{out}", *OMNIGLOT),
         ("results.json", "results.md"),
         check_batch_norm_protocol,
+    ),
+    "imaml_inner_loop": Driver(
+        "experiments.imaml_inner_loop.study",
+        ("--out", "{out}", *OMNIGLOT),
+        ("results.json", "results.md"),
+        check_imaml_inner_loop,
     ),
     "imaml_inner_steps": Driver(
         "experiments.imaml_inner_steps.study",

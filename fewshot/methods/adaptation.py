@@ -4,7 +4,9 @@ first-order MAML, ANIL and iMAML.
 Their meta-gradients come from the hypergradient engine (`fewshot.hpo.hypergrad`) with the
 initialisation as the outer variable: MAML is RHG through the K inner steps, first-order MAML
 is RHG without the second-order terms, ANIL is MAML on the linear classifier over embeddings
-computed once per episode, iMAML is AID-CG on the proximally regularised inner problem.
+computed once per episode, iMAML is AID-CG on the proximally regularised inner problem (its
+steps on that problem, the paper's, or on the support loss alone then one step back towards
+the initialisation, its authors' code's: the `inner_loop` option).
 
 All U*B problems of a step (B episodes, U re-splits each) adapt together: the adapted
 parameters carry a leading problem axis and `functional_call` runs per problem, under
@@ -44,6 +46,10 @@ from fewshot.runtime.precision import autocast_dtype
 from fewshot.runtime.settings import SettingError
 
 VARIANTS = ("maml", "fomaml", "anil", "imaml")
+# iMAML's inner loops: every step on the support loss + proximal/2 |theta - init|^2 (the
+# paper's), or the steps on the support loss alone, then in training one step on the proximal
+# term, and at test time none (its authors' code, imaml_dev, which tests at lambda = 0).
+INNER_LOOPS = ("proximal", "pull_back")
 # The MAML paper's meta-optimisation, which these methods train with unless told otherwise;
 # contiguous tensors, since BatchNorm under vmap refuses channels_last on CUDA.
 MAML_TRAINING = {
@@ -59,6 +65,12 @@ MAML_TRAINING = {
 # to 10 steps; iMAML: proximal 0.5 to 2, up to 25 steps), widened: outside them, a value is
 # named as the likely cause of a diverged adaptation.
 USUAL_INNER = {"inner_lr": (1e-4, 1.0), "inner_steps": (1, 100), "proximal": (1e-2, 100.0)}
+
+
+def check_inner_loop(inner_loop: str) -> None:
+    """Refuse an iMAML inner loop that is not one of INNER_LOOPS."""
+    if inner_loop not in INNER_LOOPS:
+        raise ValueError(f"inner_loop must be one of {', '.join(INNER_LOOPS)}, got {inner_loop!r}")
 
 
 def unused_settings(variant: str) -> frozenset[str]:
@@ -128,10 +140,12 @@ class AdaptationMethod(Method):
         amp: str = "auto",
         batching: str = "auto",
         solver_proximal: float | None = None,
+        inner_loop: str = "proximal",
     ):
         super().__init__()
         if variant not in VARIANTS:
             raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+        check_inner_loop(inner_loop)
         check_batching(batching)
         replace_all_batch_norm_modules_(backbone)  # batch statistics always (transductive)
         self.network = Network(backbone, way)
@@ -142,6 +156,7 @@ class AdaptationMethod(Method):
         # iMAML's meta-gradient is (I + H / solver_proximal)^-1 grad L_query: the paper's
         # lambda = proximal unless damped (see build_imaml).
         self.solver_proximal = proximal if solver_proximal is None else solver_proximal
+        self.inner_loop = inner_loop
         # Whether the last training step's support loss was finite at the initialisation.
         self.start_finite: torch.Tensor | bool = True
 
@@ -190,9 +205,12 @@ class AdaptationMethod(Method):
 
         return self._run(per_problem, inputs)
 
-    def _problem(self, problems: int, record: dict, module: nn.Module, vmapped: bool) -> Bilevel:
+    def _problem(
+        self, problems: int, record: dict, module: nn.Module, vmapped: bool, proximal: bool = True
+    ) -> Bilevel:
         """The bilevel problem of `problems` episodes: the inner loss is the sum of their
-        support losses (each problem's gradient is its own), the outer their mean query loss.
+        support losses (each problem's gradient is its own; iMAML's with its proximal term
+        unless `proximal` is False), the outer their mean query loss.
         `record["accuracy"]` gets the query accuracy of each problem at the adapted weights.
         `module` and `vmapped` as in `_logits`."""
 
@@ -206,7 +224,7 @@ class AdaptationMethod(Method):
             loss = F.cross_entropy(
                 logits.flatten(0, 1), labels.repeat(problems), reduction="sum"
             ) / len(labels)
-            if self.variant == "imaml":
+            if self.variant == "imaml" and proximal:
                 for name, value in theta.items():
                     loss = loss + self.proximal / 2 * ((value - lam["init"][name]) ** 2).sum()
             record.setdefault("start_loss", loss.detach())  # at the initialisation
@@ -253,6 +271,29 @@ class AdaptationMethod(Method):
         """theta0 as a function of lam: the initialisation, one copy per problem."""
         return lambda lam: {k: v.expand(problems, *v.shape) for k, v in lam["init"].items()}
 
+    def _adapted_weights(
+        self,
+        problems: int,
+        record: dict,
+        module: nn.Module,
+        vmapped: bool,
+        lam: Tree,
+        train: tuple,
+        steps: int,
+        training: bool,
+    ) -> dict:
+        """The weights (detached) that `steps` inner steps adapt from the initialisation
+        (`_problem`'s arguments first): for iMAML with `inner_loop` pull_back, steps on the
+        support loss alone, then in `training` one step on the proximal term, theta - lr
+        lambda (theta - init)."""
+        pull_back = self.variant == "imaml" and self.inner_loop == "pull_back"
+        problem = self._problem(problems, record, module, vmapped, proximal=not pull_back)
+        theta = problem.descend(self._start(problems), lam, train, steps)
+        if not (pull_back and training):
+            return theta
+        pull = self.inner_lr * self.proximal
+        return {k: v - pull * (v - lam["init"][k].detach()) for k, v in theta.items()}
+
     def _module(self, threaded: bool) -> nn.Module:
         """The adapted module, or in a thread of its own a replica of it."""
         return replica(self.adapted()) if threaded else self.adapted()
@@ -296,19 +337,26 @@ class AdaptationMethod(Method):
             inputs = self._inputs(inputs, shot)
         lam, train, val, problems = self._episodes(inputs, resplits, shot)
         record: dict = {}
-        problem = self._problem(problems, record, self._module(threaded), batching == "vmap")
-        start = self._start(problems)
+        module, vmapped = self._module(threaded), batching == "vmap"
+        problem = self._problem(problems, record, module, vmapped)
         if self.variant == "imaml":
-            steps, solver = self.inner_steps, self.solver_steps
+            # Adapted first, so aid_cg takes no step: its system is the proximal problem's at
+            # the adapted weights, whichever loop reached them.
+            steps = self.inner_steps
+            theta = self._adapted_weights(
+                problems, record, module, vmapped, lam, train, steps, True
+            )
             mu, damping = self.solver_proximal, self.solver_proximal - self.proximal
             result = aid_cg(
-                problem, start, lam, train, val, steps, solver, per_problem=True, damping=damping
-            )
+                problem, theta, lam, train, val, 0, self.solver_steps, per_problem=True,
+                damping=damping,
+            )  # fmt: skip
             if damping:  # proximal (H + mu I)^-1 g, rescaled to (I + H / mu)^-1 g
                 grad = tree_map(lambda g: g * (mu / self.proximal), result.grad)
                 result = replace(result, grad=grad)
         else:
             first_order = self.variant == "fomaml"
+            start = self._start(problems)
             result = rhg(problem, start, lam, train, val, self.inner_steps, first_order=first_order)
         leaves = zip(tree_flatten(lam)[0], tree_flatten(result.grad)[0], strict=True)
         pairs = [(x, g) for x, g in leaves if x.requires_grad]
@@ -415,10 +463,13 @@ class AdaptationMethod(Method):
             lam, train, val, problems = self._episodes(chunk, None, shot)
             lam = tree_detach(lam)
             record: dict = {}
-            problem = self._problem(problems, record, self._module(threaded), batching == "vmap")
-            theta = problem.descend(self._start(problems), lam, train, self.eval_inner_steps)
+            module, vmapped = self._module(threaded), batching == "vmap"
+            steps = self.eval_inner_steps
+            theta = self._adapted_weights(
+                problems, record, module, vmapped, lam, train, steps, False
+            )
             with torch.no_grad():
-                problem.outer_loss(theta, lam, val)
+                self._problem(problems, record, module, vmapped).outer_loss(theta, lam, val)
             return record["accuracy"]
 
         return torch.cat(concurrently(part, len(inputs)))
@@ -448,12 +499,10 @@ class AdaptationMethod(Method):
             inputs, query = features[: len(flat)], features[len(flat) :]
         else:
             inputs = self._run(self.backbone, flat) if anil else flat
-        problem = self._problem(1, {}, module, False)
         lam = tree_detach({"init": dict(module.named_parameters())})
         with torch.enable_grad():
-            theta = problem.descend(
-                self._start(1), lam, (inputs[None], labels), self.eval_inner_steps
-            )
+            train, steps = (inputs[None], labels), self.eval_inner_steps
+            theta = self._adapted_weights(1, {}, module, False, lam, train, steps, False)
         weights = {name: value[0] for name, value in theta.items()}
         if self.transductive:
             logits = self._run(lambda x: functional_call(module, weights, (x,)), query)
@@ -524,6 +573,7 @@ def adaptation_builder(variant: str):
             solver_steps: int = 5,
             batching: str = "auto",
             solver_proximal: float | None = None,
+            inner_loop: str = "proximal",
         ) -> AdaptationMethod:
             """iMAML: K steps on the support loss + proximal/2 |theta - init|^2, AID-CG;
             `batching` as in `fewshot.methods.batching`. The meta-gradient solves
@@ -535,7 +585,8 @@ def adaptation_builder(variant: str):
             Undamped, the system is far from positive definite on a freshly initialised Conv-4
             (support-Hessian eigenvalues of -95 to +95 in the BatchNorm-normalised conv weights,
             lambda 2) and its CG solution is no descent direction: the model does not learn
-            (experiments/omniglot_zoo/README.md)."""
+            (experiments/omniglot_zoo/README.md). `inner_loop` (INNER_LOOPS): the paper's
+            steps on the proximal problem, or its authors' code's (pull_back)."""
             check(settings, inner_steps, inner_lr, eval_inner_steps, batching)
             if not proximal > 0:
                 raise SettingError("method_options", f"proximal must be > 0, got {proximal}")
@@ -547,10 +598,14 @@ def adaptation_builder(variant: str):
                 raise SettingError(
                     "method_options", f"solver_proximal must be > 0, got {solver_proximal}"
                 )
+            try:
+                check_inner_loop(inner_loop)
+            except ValueError as e:
+                raise SettingError("method_options", str(e)) from None
             return AdaptationMethod(
                 network(settings), settings["way"], variant, inner_steps, inner_lr,
                 eval_inner_steps, proximal, solver_steps, settings["amp"], batching,
-                solver_proximal,
+                solver_proximal, inner_loop,
             )  # fmt: skip
 
         return build_imaml
