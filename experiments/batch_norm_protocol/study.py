@@ -33,7 +33,7 @@ from experiments.cli_runs import (
     write_results,
 )
 from experiments.omniglot_reproduction.study import rows
-from experiments.smoke import add_smoke_flag, apply_smoke
+from experiments.smoke import add_study_flags, apply_smoke
 from fewshot.datasets import load_split
 from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluation.episodes import episode_accuracies
@@ -180,9 +180,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--ways", type=int, nargs="+", default=[5, 20], help="the rows' ways to evaluate"
     )
-    parser.add_argument("--out", default=str(HERE), help="results folder")
-    parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
-    add_smoke_flag(parser)
+    add_study_flags(parser, HERE, runs=False)
     args = parser.parse_args(argv)
     apply_smoke(args, SMOKE, ())
     return args

@@ -18,12 +18,10 @@ results.json into this folder (--out).
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 from experiments.cli_runs import (
-    config_overrides,
     evaluate,
     markdown_header,
     markdown_row,
@@ -31,32 +29,21 @@ from experiments.cli_runs import (
     train,
     write_results,
 )
-from experiments.smoke import add_smoke_flag, apply_smoke
+from experiments.imaml_inner_steps.study import CONFIG, parse_args, run_flags
 from fewshot.evaluation.stats import ci95, paired_ci
 from fewshot.runtime.io import load_checkpoint
 
 HERE = Path(__file__).resolve().parent
-CONFIG = Path("models/omniglot/imaml_conv4_5way1shot_cpu.json")
 ARMS = (("proximal", 5), ("pull_back", 16), ("pull_back", 5))  # (inner_loop, inner_steps)
-SMOKE = {
-    "episodes": 4,
-    "epochs": 1,
-    "episodes_per_epoch": 4,
-    "episodes_per_batch": 2,
-    "val_episodes": 2,
-}
 
 
 def main(argv: list[str] | None = None) -> None:
     """Train what is missing, evaluate, write the table."""
-    args = parse_args(argv)
+    args = parse_args(argv, __doc__, HERE)  # the settings and sizes of ../imaml_inner_steps/
     evals = Path(args.out) / "evals"
     evals.mkdir(parents=True, exist_ok=True)
     options = json.loads(CONFIG.read_text())["method_options"]
-    sizes = ("episodes_per_epoch", "episodes_per_batch", "val_episodes")
-    flags = config_overrides(args.data_root, **{k: getattr(args, k) for k in sizes})
-    flags += ["--epochs", str(args.epochs)]
-    test_flags = [*config_overrides(args.data_root), "--amp", "off"]
+    flags, test_flags = run_flags(args)
     results: dict = {"episodes": args.episodes, "epochs": args.epochs, "arms": []}
     accuracies = []
     for loop, steps in ARMS:
@@ -101,23 +88,6 @@ def table(results: dict) -> str:
         cells = (arm["inner_loop"], str(arm["inner_steps"]), percent(*arm["test"]), diff)
         lines.append(markdown_row(*cells, curve, minutes))
     return "\n".join(lines) + "\n"
-
-
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The study's settings (from the command line unless `argv` is given)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--episodes", type=int, default=2000, help="test episodes per model")
-    parser.add_argument("--epochs", type=int, default=4, help="of the config's, per arm")
-    parser.add_argument("--episodes-per-epoch", type=int, help="default: the config's")
-    parser.add_argument("--episodes-per-batch", type=int, help="default: the config's")
-    parser.add_argument("--val-episodes", type=int, help="of every run (default: the config's)")
-    parser.add_argument("--runs", default="runs", help="folder of the run folders")
-    parser.add_argument("--out", default=str(HERE), help="results folder")
-    parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
-    add_smoke_flag(parser)
-    args = parser.parse_args(argv)
-    apply_smoke(args, SMOKE, ("runs",))
-    return args
 
 
 if __name__ == "__main__":

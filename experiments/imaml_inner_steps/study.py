@@ -30,7 +30,7 @@ from experiments.cli_runs import (
     train,
     write_results,
 )
-from experiments.smoke import add_smoke_flag, apply_smoke
+from experiments.smoke import add_study_flags, apply_smoke
 from fewshot.evaluation.stats import ci95, paired_ci
 from fewshot.runtime.io import load_checkpoint
 
@@ -52,10 +52,7 @@ def main(argv: list[str] | None = None) -> None:
     evals = Path(args.out) / "evals"
     evals.mkdir(parents=True, exist_ok=True)
     options = json.loads(CONFIG.read_text())["method_options"]
-    sizes = ("episodes_per_epoch", "episodes_per_batch", "val_episodes")
-    flags = config_overrides(args.data_root, **{k: getattr(args, k) for k in sizes})
-    flags += ["--epochs", str(args.epochs)]
-    test_flags = [*config_overrides(args.data_root), "--amp", "off"]
+    flags, test_flags = run_flags(args)
     results: dict = {"episodes": args.episodes, "epochs": args.epochs, "arms": []}
     accuracies = {}
     for trained_steps in STEPS:
@@ -107,18 +104,27 @@ def table(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The study's settings (from the command line unless `argv` is given)."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_flags(args: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The flags of every arm's training (the study's sizes over the config's) and of every
+    evaluation (float32)."""
+    sizes = ("episodes_per_epoch", "episodes_per_batch", "val_episodes")
+    flags = config_overrides(args.data_root, **{k: getattr(args, k) for k in sizes})
+    flags += ["--epochs", str(args.epochs)]
+    return flags, [*config_overrides(args.data_root), "--amp", "off"]
+
+
+def parse_args(
+    argv: list[str] | None = None, description: str = __doc__, out: Path = HERE
+) -> argparse.Namespace:
+    """The study's settings (from the command line unless `argv` is given); `description` and
+    `out` (the results folder) for a study of the same runs (`../imaml_inner_loop/`)."""
+    parser = argparse.ArgumentParser(description=description.splitlines()[0])
     parser.add_argument("--episodes", type=int, default=2000, help="test episodes per model")
     parser.add_argument("--epochs", type=int, default=4, help="of the config's, per arm")
     parser.add_argument("--episodes-per-epoch", type=int, help="default: the config's")
     parser.add_argument("--episodes-per-batch", type=int, help="default: the config's")
     parser.add_argument("--val-episodes", type=int, help="of every run (default: the config's)")
-    parser.add_argument("--runs", default="runs", help="folder of the run folders")
-    parser.add_argument("--out", default=str(HERE), help="results folder")
-    parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
-    add_smoke_flag(parser)
+    add_study_flags(parser, out)
     args = parser.parse_args(argv)
     apply_smoke(args, SMOKE, ("runs",))
     return args

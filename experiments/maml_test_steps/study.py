@@ -31,7 +31,7 @@ from experiments.cli_runs import (
     write_results,
 )
 from experiments.omniglot_reproduction.study import MAML_FAMILY, PAPERS
-from experiments.smoke import add_smoke_flag, apply_smoke
+from experiments.smoke import add_study_flags, apply_smoke
 from fewshot.datasets import load_split
 from fewshot.datasets.batches import images_to_device
 from fewshot.datasets.sampler import EpisodeShape
@@ -220,9 +220,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--probe-steps", type=int, default=20, help="steps of the written-out adaptation"
     )
-    parser.add_argument("--out", default=str(HERE), help="results folder")
-    parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
-    add_smoke_flag(parser)
+    add_study_flags(parser, HERE, runs=False)
     args = parser.parse_args(argv)
     apply_smoke(args, SMOKE, ())
     return args

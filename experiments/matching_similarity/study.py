@@ -30,7 +30,7 @@ from experiments.cli_runs import (
     train,
     write_results,
 )
-from experiments.smoke import add_smoke_flag, apply_smoke
+from experiments.smoke import add_study_flags, apply_smoke
 from fewshot.evaluation.stats import paired_seeds_ci, seeds_ci
 
 HERE = Path(__file__).resolve().parent
@@ -97,10 +97,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, default=3, help="training seeds per arm")
     parser.add_argument("--train-episodes", type=int, default=2000, help="per training run")
     parser.add_argument("--val-episodes", type=int, help="of every run (default: the config's)")
-    parser.add_argument("--runs", default="runs", help="folder of the run folders")
-    parser.add_argument("--out", default=str(HERE), help="results folder")
-    parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
-    add_smoke_flag(parser)
+    add_study_flags(parser, HERE)
     args = parser.parse_args(argv)
     apply_smoke(args, SMOKE, ("runs",))
     return args

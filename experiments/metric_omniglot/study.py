@@ -33,7 +33,7 @@ from experiments.cli_runs import (
     train,
     write_results,
 )
-from experiments.smoke import add_smoke_flag, apply_smoke
+from experiments.smoke import add_study_flags, apply_smoke
 from fewshot.evaluation.stats import ci95, seeds_ci
 
 HERE = Path(__file__).resolve().parent
@@ -145,10 +145,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=int, help="of the zoo runs (default: the configs')")
     parser.add_argument("--zoo-episodes", type=int, help="per epoch of the zoo runs (configs')")
     parser.add_argument("--val-episodes", type=int, help="of every run (default: the configs')")
-    parser.add_argument("--runs", default="runs", help="folder of the run folders")
-    parser.add_argument("--out", default=str(HERE), help="results folder")
-    parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
-    add_smoke_flag(parser)
+    add_study_flags(parser, HERE)
     args = parser.parse_args(argv)
     apply_smoke(args, SMOKE, ("runs",))
     return args

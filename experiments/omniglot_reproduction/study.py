@@ -33,7 +33,7 @@ from experiments.cli_runs import (
     train,
     write_results,
 )
-from experiments.smoke import add_smoke_flag, apply_smoke
+from experiments.smoke import add_study_flags, apply_smoke
 from fewshot.evaluation.stats import ci95
 from fewshot.runtime.io import atomic_torch_save, atomic_write_text, file_sha256, load_checkpoint
 
@@ -225,9 +225,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--val-episodes", type=int, help="of every run (default: the configs')")
     parser.add_argument("--runs", default="runs/omniglot_zoo", help="folder of the run folders")
     parser.add_argument("--zoo", default=str(REPO / "models" / "omniglot"), help="shipped models")
-    parser.add_argument("--out", default=str(HERE), help="results folder")
-    parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
-    add_smoke_flag(parser)
+    add_study_flags(parser, HERE, runs=False)
     args = parser.parse_args(argv)
     apply_smoke(args, SMOKE, ("runs", "zoo"))
     return args

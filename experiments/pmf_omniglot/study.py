@@ -34,7 +34,7 @@ from experiments.cli_runs import (
     train,
     write_results,
 )
-from experiments.smoke import add_smoke_flag, apply_smoke
+from experiments.smoke import add_study_flags, apply_smoke
 from fewshot.evaluation.stats import ci95, paired_ci
 from fewshot.methods.test_time_finetune import PmfOptions
 from fewshot.runtime.errors import FewshotError
@@ -203,10 +203,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--pmf-lrs", type=float, nargs="+", help="the lrs to choose among (default: the paper's)"
     )
-    parser.add_argument("--runs", default="runs", help="folder of the run folders")
-    parser.add_argument("--out", default=str(HERE), help="results folder")
-    parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
-    add_smoke_flag(parser)
+    add_study_flags(parser, HERE)
     args = parser.parse_args(argv)
     apply_smoke(args, SMOKE, ("runs",))
     try:  # refused now, not after hours of training
