@@ -401,8 +401,18 @@ def test_maml_agrees_with_learn2learn(variant, batching):
     assert_close(ours, theirs, 1e-6)
 
 
-@pytest.mark.parametrize("variant", ["maml", "fomaml", "anil", "imaml"])
-def test_every_batching_gives_the_same_step_and_evaluation(variant):
+@pytest.mark.parametrize(
+    ("variant", "options"),
+    [
+        ("maml", {}),
+        ("fomaml", {}),
+        ("anil", {}),
+        ("imaml", {}),
+        ("imaml", {"inner_loop": "pull_back"}),
+    ],
+    ids=["maml", "fomaml", "anil", "imaml", "imaml-pull_back"],
+)
+def test_every_batching_gives_the_same_step_and_evaluation(variant, options):
     """Loss, meta-gradient and per-problem accuracies of a step with three re-splits of three
     episodes (two chunks of unequal size under threads), and the evaluation's accuracies."""
     images = episodes(batch=3)
@@ -412,7 +422,7 @@ def test_every_batching_gives_the_same_step_and_evaluation(variant):
     resplits = torch.stack(perms).view(3, 3, WAY, pool)
     results = {}
     for batching in BATCHINGS:
-        model = method(variant, inner_steps=2, inner_lr=0.2, batching=batching)
+        model = method(variant, inner_steps=2, inner_lr=0.2, batching=batching, **options)
         with threads_for(batching):
             loss, accuracy = model(images, resplits, SHOT)
             loss.backward()
