@@ -89,7 +89,7 @@ def anil_conv4_omniglot(
     pretrained: bool = True, device: str | torch.device = "cpu"
 ) -> AdaptationMethod:
     """ANIL (only the classifier adapts), trained as `maml_conv4_omniglot` for 4,000
-    meta-iterations, used the same way."""
+    meta-iterations, used the same way (20 test-time steps, chosen on validation episodes)."""
     return _zoo_model("anil_conv4_5way1shot_cpu", "anil_conv4_omniglot", pretrained, device)
 
 

@@ -197,10 +197,23 @@ def check_maml_test_steps(out: Path, printed: str) -> None:
     assert [(p["config"], p["shot"]) for p in probes] == [(r["config"], r["shot"]) for r in rows]
     for r in rows:
         name = f"{r['config']}.{r['checkpoint_sha256']}.5w{r['shot']}s"
-        written_out = load(out / "evals" / f"{name}.probe2x5.json")["episode_accuracies"]
+        written_out = load(out / "evals" / f"{name}.probe2x20.json")["episode_accuracies"]
         for steps in r["steps"]:
             evaluated = load(out / "evals" / f"{name}.{steps}steps.json")["accuracies"]
             assert written_out[int(steps)] == pytest.approx(evaluated, abs=1e-6)
+    # ANIL's steps measured on validation episodes, and the best mean over both shots chosen.
+    (validated,) = load(out / "results.json")["validation"]
+    assert validated["config"] == "anil_conv4_5way1shot_cpu"
+    means = {int(k): sum(a[0] for a in v.values()) for k, v in validated["steps"].items()}
+    assert sorted(means) == [1, validated["own_steps"]]
+    assert means[validated["chosen_steps"]] == max(means.values())
+    for steps, shots in validated["steps"].items():
+        for shot, (accuracy, _) in shots.items():
+            name = f"{validated['config']}.{validated['checkpoint_sha256']}.val5w{shot}s"
+            evaluation = load(out / "evals" / f"{name}.{steps}steps.json")
+            assert (evaluation["split"], evaluation["inner_steps"]) == ("val", int(steps))
+            assert 100 * accuracy == pytest.approx(evaluation["accuracy"], abs=1e-4)
+    assert "ANIL on the Omniglot validation classes" in (out / "results.md").read_text()
 
 
 def check_imaml_inner_loop(out: Path, printed: str) -> None:
@@ -613,6 +626,39 @@ def test_driver_smoke_run(name, tmp_path, monkeypatch, capsys, request):
         assert (tmp_path / output).is_file(), f"{name} wrote no {output}"
     driver.check(tmp_path, printed)
     assert recorded_files() == before, "a smoke run changed the recorded results"
+
+
+def test_the_test_steps_study_writes_its_choice_into_the_model_and_nothing_else(
+    tmp_path, monkeypatch
+):
+    from experiments.maml_test_steps import study
+
+    for suffix in (".json", ".pt"):
+        source = REPO / "models" / "omniglot" / f"anil_conv4_5way1shot_cpu{suffix}"
+        (tmp_path / source.name).write_bytes(source.read_bytes())
+    monkeypatch.setattr(study, "MODELS", tmp_path)
+    study.apply_choice("anil_conv4_5way1shot_cpu", 20)
+    before = load(REPO / "models" / "omniglot" / "anil_conv4_5way1shot_cpu.json")
+    after = load(tmp_path / "anil_conv4_5way1shot_cpu.json")
+    assert after["method_options"].pop("eval_inner_steps") == 20
+    before["method_options"].pop("eval_inner_steps")
+    assert after == before
+    shipped = torch.load(
+        REPO / "models" / "omniglot" / "anil_conv4_5way1shot_cpu.pt", weights_only=True
+    )
+    changed = torch.load(tmp_path / "anil_conv4_5way1shot_cpu.pt", weights_only=True)
+    assert changed["config"]["method_options"]["eval_inner_steps"] == 20
+    assert changed.keys() == shipped.keys() and changed["progress"] == shipped["progress"]
+    assert all(torch.equal(changed["model"][k], v) for k, v in shipped["model"].items())
+
+
+def test_the_test_steps_study_refuses_to_change_the_models_in_a_smoke_run(capsys):
+    from experiments.maml_test_steps.study import parse_args
+
+    with pytest.raises(SystemExit) as stopped:
+        parse_args(["--smoke", "--apply"])
+    assert stopped.value.code == 2
+    assert "--apply changes the shipped models: not with --smoke" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

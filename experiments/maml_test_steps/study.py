@@ -1,12 +1,14 @@
 """The MAML family's test-time steps measured: the shipped Omniglot MAML, first-order MAML,
-iMAML and ANIL models (each trained 5-way 1-shot with one inner step, tested with three as the
-MAML paper tests Omniglot) at 5-way 1-shot and 5-shot, with other numbers of gradient steps on
-each test episode's support (`fewshot eval --inner-steps`).
+iMAML and ANIL models (each trained 5-way 1-shot with one inner step) at 5-way 1-shot and
+5-shot, with other numbers of gradient steps on each test episode's support (`fewshot eval
+--inner-steps`).
 
 Every evaluation is on the same seeded test episodes (Vinyals test classes, seed 0, 15 queries
 per class, float32), so each number of steps is paired with the model's own over the episodes.
-Evaluations are cached under `evals/` by the checkpoint's hash (a model shipped anew is
-evaluated anew). Writes results.md and results.json into this folder (--out).
+Then ANIL's steps on validation episodes (the Vinyals validation classes) and the number they
+choose; `--apply` writes it into the shipped model's settings. Evaluations are cached under
+`evals/` by the checkpoint's hash (a model shipped anew is evaluated anew). Writes results.md
+and results.json into this folder (--out).
 
     python -m experiments.maml_test_steps.study    # from the repository root
     python -m experiments.maml_test_steps.study --smoke --out DIR    # the test suite's run
@@ -37,7 +39,13 @@ from fewshot.datasets.batches import images_to_device
 from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluation.episodes import seeded_episodes
 from fewshot.evaluation.stats import ci95
-from fewshot.runtime.io import atomic_write_json, file_sha256
+from fewshot.runtime.io import (
+    atomic_torch_save,
+    atomic_write_json,
+    atomic_write_text,
+    file_sha256,
+    load_checkpoint,
+)
 from fewshot.training.checkpoint import as_trained, load_trained
 
 HERE = Path(__file__).resolve().parent
@@ -45,7 +53,7 @@ MODELS = Path("models/omniglot")  # as typed from the repository root
 METHODS = {name: method for method, (name, _, _) in PAPERS.items() if name in MAML_FAMILY}
 SHOTS = (1, 5)
 CPU = torch.device("cpu")
-SMOKE = {"episodes": 2, "steps": [1], "probe_episodes": 2, "probe_steps": 5}
+SMOKE = {"episodes": 2, "steps": [1], "probe_episodes": 2, "probe_steps": 20}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -81,7 +89,52 @@ def main(argv: list[str] | None = None) -> None:
             curves = json.loads(out.read_text())
             del curves["episode_accuracies"]  # in the cached file
             results["probe"]["rows"].append({**record, **curves})
+    results["validation"] = [
+        validation(name, flags, args.steps, args.episodes, evals) for name in args.validate
+    ]
     write_results(results, table(results), Path(args.out))
+    if args.apply:
+        for row in results["validation"]:
+            apply_choice(row["config"], row["chosen_steps"])
+
+
+def apply_choice(stem: str, steps: int) -> None:
+    """Make `steps` the shipped model's own test-time steps: in its config file and in the
+    settings its checkpoint carries (the weights untouched)."""
+    path = MODELS / f"{stem}.json"
+    config = json.loads(path.read_text())
+    config["method_options"]["eval_inner_steps"] = steps
+    atomic_write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", path)
+    checkpoint = load_checkpoint(MODELS / f"{stem}.pt")
+    checkpoint["config"]["method_options"]["eval_inner_steps"] = steps
+    atomic_torch_save(checkpoint, MODELS / f"{stem}.pt")
+    print(f"{stem}: eval_inner_steps {steps} (the validation's choice)")
+
+
+def validation(name: str, flags: list[str], steps: list[int], episodes: int, evals: Path) -> dict:
+    """The model's accuracy on `episodes` seeded 5-way episodes of the Vinyals validation
+    classes (unseen in its training) after each number of steps, at both shots, and the number
+    of steps these choose: the best mean over the two shots (the fewest steps on a tie)."""
+    checkpoint = MODELS / f"{name}_conv4_5way1shot_cpu.pt"
+    own = load_trained(checkpoint, CPU)[0].eval_inner_steps
+    digest = file_sha256(checkpoint)[:12]
+    accuracies: dict[int, dict[str, list[float]]] = {}
+    for count in sorted({*steps, own}):
+        accuracies[count] = {}
+        for shot in SHOTS:
+            out = evals / f"{checkpoint.stem}.{digest}.val5w{shot}s.{count}steps.json"
+            step_flags = [*flags, "--split", "val", "--inner-steps", str(count)]
+            values = evaluate(str(checkpoint), step_flags, 5, shot, episodes, out)
+            accuracies[count][str(shot)] = [float(values.mean()), ci95(values)]
+    chosen = max(accuracies, key=lambda k: (sum(a[0] for a in accuracies[k].values()), -k))
+    return {
+        "method": METHODS[name],
+        "config": checkpoint.stem,
+        "checkpoint_sha256": digest,
+        "own_steps": own,
+        "chosen_steps": chosen,
+        "steps": {str(k): v for k, v in accuracies.items()},
+    }
 
 
 def summary(accuracies: dict[int, torch.Tensor], own: int) -> dict:
@@ -190,6 +243,23 @@ def table(results: dict) -> str:
         for r in probe["rows"]:
             cells = [f"{r['objective'][k]:.3f} / {100 * r['accuracy'][k]:.1f}" for k in shown]
             lines.append(markdown_row(r["method"], str(r["shot"]), *cells))
+    for r in results.get("validation", []):
+        counts = sorted(int(k) for k in r["steps"])
+        lines += [
+            "",
+            f"{r['method']} on the Omniglot validation classes (Vinyals split, unseen in its "
+            f"training), {results['episodes']} seeded 5-way episodes (seed 0, 15 queries per "
+            "class), float32: accuracy ± 95% CI (%) after each number of steps (the model's "
+            "own steps marked *, the steps these choose, the best mean over both shots, †):",
+            "",
+            *markdown_header("shot", *[f"{k} step{'s' if k != 1 else ''}" for k in counts]),
+        ]
+        for shot in map(str, SHOTS):
+            marks = {r["own_steps"]: "*", r["chosen_steps"]: "†"}
+            if r["own_steps"] == r["chosen_steps"]:
+                marks[r["own_steps"]] = "*†"
+            cells = [percent(*r["steps"][str(k)][shot]) + marks.get(k, "") for k in counts]
+            lines.append(markdown_row(shot, *cells))
     return "\n".join(lines) + "\n"
 
 
@@ -215,13 +285,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--models", nargs="+", default=list(METHODS), choices=list(METHODS), help="methods"
     )
     parser.add_argument(
+        "--validate",
+        nargs="*",
+        default=["anil"],
+        choices=list(METHODS),
+        help="methods whose steps to measure on validation episodes too (ANIL: no paper "
+        "protocol at 5 ways)",
+    )
+    parser.add_argument(
         "--probe-episodes", type=int, default=200, help="episodes of the written-out adaptation"
     )
     parser.add_argument(
         "--probe-steps", type=int, default=20, help="steps of the written-out adaptation"
     )
+    parser.add_argument(
+        "--apply",
+        action="store_true",
+        help="write the validation's choice of steps into the shipped models and their configs",
+    )
     add_study_flags(parser, HERE, runs=False)
     args = parser.parse_args(argv)
+    if args.apply and args.smoke:
+        parser.error("--apply changes the shipped models: not with --smoke")
     apply_smoke(args, SMOKE, ())
     return args
 
