@@ -13,6 +13,9 @@ scripts/setup.sh test
 # without one fails (config in mkdocs.yml; NO_MKDOCS_2_WARNING: no banner of the theme's).
 # Not --quiet: it hides the warnings, and --strict then has none to fail on.
 NO_MKDOCS_2_WARNING=1 .venv/bin/mkdocs build --strict
+# The sources' bytecode, written once: the suite starts hundreds of Python processes, and
+# where PYTHONDONTWRITEBYTECODE is set each of them would compile every module it imports anew.
+.venv/bin/python -m compileall -q fewshot experiments benchmarks tests
 # Two workers on two cores: one thread each (two threads each oversubscribe the CPU and take
 # about twice as long).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}

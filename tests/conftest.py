@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from datafiles import write_digits
+from datafiles import cut_omniglot_root, write_digits
 
 import fewshot.cli.main
 from fewshot.datasets import REPO_DATA, load_split
@@ -196,13 +196,5 @@ def omniglot_val():
 @pytest.fixture(scope="session")
 def tiny_omniglot_root(tmp_path_factory):
     """A data root with the real Omniglot files but split lists cut to 24 classes each."""
-    root = tmp_path_factory.mktemp("data")
-    folder = root / "omniglot"
-    (folder / "splits" / "vinyals").mkdir(parents=True)
-    source = REPO_DATA / "omniglot"
-    for name in ("images_background.npz", "images_evaluation.npz", "omniglot_index.csv"):
-        (folder / name).symlink_to(source / name)
-    for split in ("train", "val", "test"):
-        lines = (source / "splits" / "vinyals" / f"{split}.txt").read_text().split()
-        (folder / "splits" / "vinyals" / f"{split}.txt").write_text("\n".join(lines[:24]) + "\n")
-    return root
+    classes = {"train": 24, "val": 24, "test": 24}
+    return cut_omniglot_root(tmp_path_factory.mktemp("data"), REPO_DATA, classes)

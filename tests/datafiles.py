@@ -73,3 +73,18 @@ def write_tar(path: Path, members: dict[str, bytes]) -> None:
     """Write a tar.gz of the named members."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(tar_bytes(members))
+
+
+def cut_omniglot_root(root: Path, source: Path, classes: dict[str, int | None]) -> Path:
+    """A data root at `root` reading the real Omniglot files of `source` (linked, not copied)
+    with each Vinyals split list cut to its first `classes[split]` classes (None: whole; a
+    split not named: absent). Returns `root`."""
+    folder = root / "omniglot"
+    (folder / "splits" / "vinyals").mkdir(parents=True)
+    for name in ("images_background.npz", "images_evaluation.npz", "omniglot_index.csv"):
+        (folder / name).symlink_to(source / "omniglot" / name)
+    for split, count in classes.items():
+        lines = (source / "omniglot" / "splits" / "vinyals" / f"{split}.txt").read_text().split()
+        cut = lines if count is None else lines[:count]
+        (folder / "splits" / "vinyals" / f"{split}.txt").write_text("\n".join(cut) + "\n")
+    return root

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from datafiles import cut_omniglot_root
 
 import fewshot
 from fewshot.cli.main import build_parser, main
@@ -163,15 +164,8 @@ def python_blocks(text: str) -> list[str]:
 def small_omniglot_root(tmp_path):
     """The shipped Omniglot with 64 train classes (the quickstart's 60-way episodes) and 24 in
     the other splits: the documented examples as written, in seconds."""
-    root = tmp_path / "data"
-    folder = root / "omniglot"
-    (folder / "splits" / "vinyals").mkdir(parents=True)
-    for name in ("images_background.npz", "images_evaluation.npz", "omniglot_index.csv"):
-        (folder / name).symlink_to(REPO_DATA / "omniglot" / name)
-    for split, classes in (("train", 64), ("val", 24), ("test", 24)):
-        lines = (REPO_DATA / "omniglot" / "splits" / "vinyals" / f"{split}.txt").read_text().split()
-        (folder / "splits" / "vinyals" / f"{split}.txt").write_text("\n".join(lines[:classes]))
-    return root
+    classes = {"train": 64, "val": 24, "test": 24}
+    return cut_omniglot_root(tmp_path / "data", REPO_DATA, classes)
 
 
 @pytest.mark.slow
