@@ -114,7 +114,7 @@ def check_bench_precision(out: str) -> None:
     both and how many episodes' accuracies differ."""
     step = re.search(rf"Omniglot 20w1s2q x2 +conv4 +protonet +({NUMBER}) +({NUMBER}) +", out)
     assert step and float(step[1]) > 0 and float(step[2]) > 0, out
-    assert "(b) cached evaluation of the first 40 of the 1692 test classes" in out
+    assert "(b) cached evaluation of the first 20 of the 1692 test classes" in out
     assert re.search(rf"^float32 +{NUMBER} s +accuracy", out, re.M)
     assert re.search(rf"^bf16 +{NUMBER} s +accuracy", out, re.M)
     assert re.search(r"accuracies differ in \d+ episodes", out)

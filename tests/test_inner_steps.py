@@ -36,16 +36,16 @@ def evaluated(tmp_path: Path, name: str, *args: str) -> dict:
 
 
 def test_eval_takes_the_steps_the_checkpoint_would_and_records_them(tmp_path, capsys):
-    flagged = evaluated(tmp_path, "flag", "--checkpoint", str(ANIL), "--inner-steps", "10")
-    reference = evaluated(tmp_path, "ref", "--checkpoint", str(taking(10, tmp_path / "a.pt")))
+    flagged = evaluated(tmp_path, "flag", "--checkpoint", str(ANIL), "--inner-steps", "3")
+    reference = evaluated(tmp_path, "ref", "--checkpoint", str(taking(3, tmp_path / "a.pt")))
     default = evaluated(tmp_path, "default", "--checkpoint", str(ANIL))
     assert flagged["accuracies"] == reference["accuracies"]
-    assert default["method_options"]["eval_inner_steps"] == 3
+    assert default["method_options"]["eval_inner_steps"] == 20  # chosen on validation
     assert flagged["accuracies"] != default["accuracies"]
-    assert flagged["inner_steps"] == 10 and "inner_steps" not in default
+    assert flagged["inner_steps"] == 3 and "inner_steps" not in default
     # Another number of steps is another result: kept at its path unless --overwrite.
     again = ["eval", *EPISODES, "--checkpoint", str(ANIL), "--out", str(tmp_path / "flag.json")]
-    assert main([*again, "--per-episode", "--inner-steps", "10"]) == 0
+    assert main([*again, "--per-episode", "--inner-steps", "3"]) == 0
     assert main([*again, "--per-episode", "--inner-steps", "1"]) == 2
 
 
