@@ -68,7 +68,7 @@ if [ "$smoke" = 1 ]; then
     # 20 classes: bf16, emulated on a CPU without it, embeds them at a tenth of float32's speed.
     precision=(--backbones conv4 --heads protonet --repeats 1 --no-synthetic --query 2
         --episodes 16 --eval-classes 20)
-    adaptation=(--methods anil maml --batch 2 --query 2 --repeats 1)
+    adaptation=(--smoke)
     steps=(--query 2 --episodes-per-epoch 2 --val-episodes 2)
     trainval=(--epochs 1 --episodes-per-epoch 2 --val-episodes 2)
     episodes=16

@@ -15,7 +15,6 @@ from datafiles import write_digits
 from test_benchmarks import run
 
 from benchmarks import (
-    bench_adaptation,
     bench_hpo,
     bench_hpo_cleaning,
     bench_memmap,
@@ -33,19 +32,6 @@ def torch_threads():
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)
-
-
-def test_bench_adaptation_smoke(monkeypatch, capsys):
-    out = run(monkeypatch, capsys, bench_adaptation, "--smoke", "--device", "cpu")
-    assert "2 episodes of 5-way 1-shot" in out
-    for method in ("maml", "fomaml", "anil", "imaml"):
-        row = re.search(rf"^{method} +({NUMBER}) +({NUMBER}) +({NUMBER})$", out, re.M)
-        assert row, out
-        one, five, ratio = map(float, row.groups())
-        assert one > 0 and five > 0
-        # The ratio (to 0.01) of the times before they were rounded to 0.001 s.
-        low, high = (five - 5e-4) / (one + 5e-4), (five + 5e-4) / max(one - 5e-4, 1e-9)
-        assert low - 0.005 <= ratio <= high + 0.005
 
 
 def test_bench_hpo_smoke(monkeypatch, capsys, tmp_path):

@@ -45,7 +45,7 @@ def test_the_gpu_script_runs_every_part_at_smoke_size(tmp_path):
     for part in PARTS:
         assert re.search(rf"^{part}: exit 0 \(no limit, took \d+ s\)$", summary, re.M), summary
         assert (out / f"{part}.txt").stat().st_size > 0
-    assert "ratio" in (out / "bench_adaptation.txt").read_text()
+    check_bench_adaptation((out / "bench_adaptation.txt").read_text())
     check_bench_throughput((out / "bench_throughput.txt").read_text())
     check_bench_ehg((out / "bench_ehg.txt").read_text())
     check_bench_precision((out / "bench_precision.txt").read_text())
@@ -59,6 +59,19 @@ def test_the_gpu_script_runs_every_part_at_smoke_size(tmp_path):
     )
     # The training runs' folders are temporary: OUT_DIR holds the figures only.
     assert not list(out.rglob("*.pt"))
+
+
+def check_bench_adaptation(out: str) -> None:
+    """bench_adaptation --smoke: each method's step at U = 1 and 5 re-splits, and their ratio."""
+    assert "2 episodes of 5-way 1-shot" in out
+    for method in ("maml", "fomaml", "anil", "imaml"):
+        row = re.search(rf"^{method} +({NUMBER}) +({NUMBER}) +({NUMBER})$", out, re.M)
+        assert row, out
+        one, five, ratio = map(float, row.groups())
+        assert one > 0 and five > 0
+        # The ratio (to 0.01) of the times before they were rounded to 0.001 s.
+        low, high = (five - 5e-4) / (one + 5e-4), (five + 5e-4) / max(one - 5e-4, 1e-9)
+        assert low - 0.005 <= ratio <= high + 0.005
 
 
 def check_bench_classifiers(out: str) -> None:

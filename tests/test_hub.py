@@ -13,9 +13,6 @@ from fewshot.evaluation.episodes import evaluate
 from fewshot.runtime.io import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
-# The MAML family's zoo models over 2000 5-way 1-shot test episodes (seed 0): 97.36, 96.49,
-# 96.11, 94.08 % (experiments/omniglot_reproduction/); a floor under each, 200 episodes here.
-MAML_FLOOR = {"maml": 95.0, "fomaml": 94.5, "anil": 94.0, "imaml": 91.5}
 
 
 def test_backbones_build_through_the_hub():
@@ -51,8 +48,9 @@ def test_the_maml_family_zoo_models_adapt_to_real_episodes(omniglot_test, varian
     for key, value in model.state_dict().items():
         assert torch.equal(value, saved["model"][key]), key
     assert not model.training and model.variant == variant
-    result = evaluate(model, omniglot_test, EpisodeShape(5, 1, 15, 8), 200, 0, torch.device("cpu"))
-    assert result.accuracy > MAML_FLOOR[variant]
+    result = evaluate(model, omniglot_test, EpisodeShape(5, 1, 15, 8), 100, 0, torch.device("cpu"))
+    # The first 100 of the table's 2000 episodes: within sampling noise of its number.
+    assert result.accuracy > reproduced(f"{variant}_conv4_5way1shot_cpu", 5, 1) - 2.0
     untrained = torch.hub.load(str(REPO), entry, source="local", pretrained=False)
     # 50 episodes: an untrained model stands 30-50 points under the trained one (31-52 %).
     untrained_result = evaluate(
