@@ -19,6 +19,7 @@ from datafiles import write_digits
 
 from experiments.smoke import OMNIGLOT_CLASSES, omniglot_root, smoke_folder
 from fewshot.datasets import load_split
+from fewshot.runtime.io import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "experiments"
@@ -643,10 +644,8 @@ def test_the_test_steps_study_writes_its_choice_into_the_model_and_nothing_else(
     assert after["method_options"].pop("eval_inner_steps") == 20
     before["method_options"].pop("eval_inner_steps")
     assert after == before
-    shipped = torch.load(
-        REPO / "models" / "omniglot" / "anil_conv4_5way1shot_cpu.pt", weights_only=True
-    )
-    changed = torch.load(tmp_path / "anil_conv4_5way1shot_cpu.pt", weights_only=True)
+    shipped = load_checkpoint(REPO / "models" / "omniglot" / "anil_conv4_5way1shot_cpu.pt")
+    changed = load_checkpoint(tmp_path / "anil_conv4_5way1shot_cpu.pt")
     assert changed["config"]["method_options"]["eval_inner_steps"] == 20
     assert changed.keys() == shipped.keys() and changed["progress"] == shipped["progress"]
     assert all(torch.equal(changed["model"][k], v) for k, v in shipped["model"].items())

@@ -66,9 +66,7 @@ def main(argv: list[str] | None = None) -> None:
     results["probe"] = {"episodes": args.probe_episodes, "rows": []}
     probe = f"probe{args.probe_episodes}x{args.probe_steps}"
     for name in args.models:
-        checkpoint = MODELS / f"{name}_conv4_5way1shot_cpu.pt"
-        own = load_trained(checkpoint, CPU)[0].eval_inner_steps
-        digest = file_sha256(checkpoint)[:12]
+        checkpoint, own, digest = zoo_model(name)
         for shot in SHOTS:
             record = {"method": METHODS[name], "config": checkpoint.stem, "shot": shot}
             record.update(checkpoint_sha256=digest)
@@ -98,6 +96,14 @@ def main(argv: list[str] | None = None) -> None:
             apply_choice(row["config"], row["chosen_steps"])
 
 
+def zoo_model(name: str) -> tuple[Path, int, str]:
+    """The method's shipped CPU-budget model: its path, its own test-time steps and the prefix
+    of its SHA-256 that names its cached evaluations."""
+    checkpoint = MODELS / f"{name}_conv4_5way1shot_cpu.pt"
+    own = load_trained(checkpoint, CPU)[0].eval_inner_steps
+    return checkpoint, own, file_sha256(checkpoint)[:12]
+
+
 def apply_choice(stem: str, steps: int) -> None:
     """Make `steps` the shipped model's own test-time steps: in its config file and in the
     settings its checkpoint carries (the weights untouched)."""
@@ -115,9 +121,7 @@ def validation(name: str, flags: list[str], steps: list[int], episodes: int, eva
     """The model's accuracy on `episodes` seeded 5-way episodes of the Vinyals validation
     classes (unseen in its training) after each number of steps, at both shots, and the number
     of steps these choose: the best mean over the two shots (the fewest steps on a tie)."""
-    checkpoint = MODELS / f"{name}_conv4_5way1shot_cpu.pt"
-    own = load_trained(checkpoint, CPU)[0].eval_inner_steps
-    digest = file_sha256(checkpoint)[:12]
+    checkpoint, own, digest = zoo_model(name)
     accuracies: dict[int, dict[str, list[float]]] = {}
     for count in sorted({*steps, own}):
         accuracies[count] = {}
