@@ -31,7 +31,13 @@ import torch.nn.functional as F
 from torch.func import functional_call
 
 from fewshot.methods import TRAINING_DEFAULTS, build_method
-from fewshot.methods.batching import BATCHING, resolve_batching
+from fewshot.methods.batching import (
+    BATCHING,
+    chunk_count,
+    concurrently,
+    replica,
+    resolve_batching,
+)
 from fewshot.runtime.allocator import retain_freed_memory
 from fewshot.training.settings import TrainSettings
 
@@ -41,6 +47,7 @@ VARIANTS = ("maml", "imaml", "anil")
 # iMAML's own defaults (fewshot's): a smaller inner step, the proximal weight, CG iterations.
 IMAML = {"inner_lr": 0.1, "proximal": 1.0, "solver_steps": 5}
 GOAL = 0.7  # fewshot's step at most this fraction of learn2learn's, every variant and setting
+BACKBONE = "backbone"  # ANIL's extra arm: the backbone's forward and backward alone
 
 
 def labels(way: int, count: int) -> torch.Tensor:
@@ -118,6 +125,24 @@ def learn2learn_imaml_step(network, learner, images, shot: int, steps: int) -> N
         p.grad = g
 
 
+def backbone_alone(backbone, images):
+    """ANIL's floor: a step of the backbone's forward and backward alone on the episodes (a
+    loss on the features, no head, no inner loop), each episode in its own call, its chunks of
+    episodes in threads as fewshot's automatic batching runs them on this CPU."""
+    chunks = images.tensor_split(chunk_count(resolve_batching("auto", "cpu"), len(images)))
+    replicas = [replica(backbone) for _ in chunks]
+
+    def work(i: int) -> None:
+        features = [replicas[i](episode) for episode in chunks[i].flatten(1, 2)]
+        torch.stack(features).square().mean().backward()
+
+    def step() -> None:
+        backbone.zero_grad(set_to_none=True)
+        concurrently(work, len(chunks))
+
+    return step
+
+
 def timed(step) -> float:
     """Seconds of one call."""
     start = time.perf_counter()
@@ -168,6 +193,8 @@ def side_by_side(l2l, variant: str, way: int, shot: int, steps: int, args) -> di
             learn2learn_step(network, learner, variant, images, shot, steps)
 
     arms = {b: ours(m) for b, m in methods.items()} | {"learn2learn": theirs}
+    if variant == "anil":
+        arms[BACKBONE] = backbone_alone(copy.deepcopy(network.backbone), images)
     for step in arms.values():  # warm-up, and the meta-gradients to compare
         step()
     reference = dict(network.named_parameters())
@@ -240,7 +267,9 @@ def main() -> None:
             rows = side_by_side(l2l, variant, way, shot, steps, args)
             for arm, (seconds, ratio, gap) in rows.items():
                 verdict = ""
-                if arm != "learn2learn":
+                if arm == BACKBONE:
+                    verdict = "          the backbone alone: ANIL's floor"
+                elif arm != "learn2learn":
                     verdict = f"{gap:9.1e}  goal <= {GOAL}x {'met' if ratio <= GOAL else 'MISSED'}"
                 print(
                     f"{variant:6} {name:22} {arm:11} {seconds:8.3f} {ratio:6.2f} {verdict}".rstrip()

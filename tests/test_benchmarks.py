@@ -63,3 +63,6 @@ def test_bench_vs_learn2learn_smoke(monkeypatch, capsys):
         assert float(figures[3]) < 1e-5  # the same meta-gradient as learn2learn's
         reference = rf"^{variant} +5-way 1-shot, 1 step +learn2learn +{SECONDS} +1\.00$"
         assert re.search(reference, out, re.M), out
+    floor = rf"^anil +5-way 1-shot, 1 step +backbone +({SECONDS}) +{SECONDS} +the backbone alone"
+    figures = re.search(floor, out, re.M)
+    assert figures and float(figures[1]) > 0, out
