@@ -150,7 +150,8 @@ def main(argv: list[str] | None = None) -> None:
         ship(run, zoo / f"{name}.pt", out / "logs")
     for name in args.ship:  # as far as its run has come (resumable: --train finishes it)
         ship(f"{args.runs}/{name}", zoo / f"{name}.pt", out / "logs")
-    data = config_overrides(args.data_root)
+    # Tested in float32 on every machine (--amp auto would test in bf16 where a CPU has it).
+    data = [*config_overrides(args.data_root), "--amp", "off"]
     results: dict = {"episodes": args.episodes, "rows": []}
     for row in rows():
         shipped = [c for c in row.configs if (zoo / f"{c}.pt").is_file()]
@@ -161,6 +162,8 @@ def main(argv: list[str] | None = None) -> None:
             sha = file_sha256(path)
             cached = out / "evals" / f"{config}.{sha[:12]}.{row.way}w{row.shot}s.json"
             cached.parent.mkdir(parents=True, exist_ok=True)
+            if cached.is_file() and json.loads(cached.read_text())["precision"] != "float32":
+                cached.unlink()  # an evaluation from before the table was float32's alone
             typed = path.relative_to(REPO) if path.is_relative_to(REPO) else path  # as typed
             acc = evaluate(str(typed), data, row.way, row.shot, args.episodes, cached)
             record |= {
