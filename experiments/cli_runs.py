@@ -10,7 +10,12 @@ from pathlib import Path
 import torch
 
 from fewshot.cli.main import main as fewshot_main
-from fewshot.runtime.io import atomic_write_json, atomic_write_text, load_checkpoint
+from fewshot.runtime.io import (
+    atomic_write_json,
+    atomic_write_text,
+    file_sha256,
+    load_checkpoint,
+)
 
 
 def fewshot(*args: str) -> None:
@@ -47,6 +52,13 @@ def train(command: str, config: str, run: str, epochs: int, *flags: str) -> None
         fewshot(command, "--config", config, "--out", run, *flags)
 
 
+def stale(cached: Path, checkpoint: str) -> bool:
+    """Whether an evaluation's JSON names another checkpoint content than the file now at
+    `checkpoint` (a file gone keeps its evaluation)."""
+    recorded = json.loads(cached.read_text()).get("checkpoint_sha256")
+    return Path(checkpoint).is_file() and recorded not in (None, file_sha256(checkpoint))
+
+
 def evaluate(
     checkpoint: str,
     flags: list[str],
@@ -58,8 +70,9 @@ def evaluate(
 ) -> torch.Tensor:
     """Per-episode accuracies of one model on `episodes` seeded test episodes (seed 0, the
     same whatever `per_batch`, the episodes per classifier call), cached in `out` (the JSON of
-    `fewshot eval --per-episode`)."""
-    if not out.is_file():
+    `fewshot eval --per-episode`; made again when it tested another file than the checkpoint
+    now there, e.g. a model shipped since)."""
+    if not out.is_file() or stale(out, checkpoint):
         fewshot(
             "eval", "--checkpoint", checkpoint, *flags, "--way", str(way), "--shot", str(shot),
             "--episodes", str(episodes), "--seed", "0", "--per-episode", "--out", str(out),
