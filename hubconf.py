@@ -126,8 +126,8 @@ def relation_conv4_omniglot(
     pretrained: bool = True, device: str | torch.device = "cpu", shape: str = "5way1shot"
 ) -> ComparisonMethod:
     """Relation Networks (a Conv-4's feature maps, the relation module over the mean of each
-    class's maps) trained on Omniglot with `shape` episodes, in eval mode: '5way1shot' and
-    '20way1shot' with the paper's 7x7 maps on the train and validation classes, '5way5shot'
-    with 3x3 maps on the train classes (each checkpoint's config says);
+    class's maps) trained on Omniglot with `shape` episodes, in eval mode: '5way1shot',
+    '5way5shot' and '20way1shot', each with the paper's 7x7 maps on the train and validation
+    classes (each checkpoint's config says);
     `model.accuracy(images, shot)` as for `matching_conv4_omniglot`."""
     return _shaped_zoo_model("relation", "relation_conv4_omniglot", shape, pretrained, device)

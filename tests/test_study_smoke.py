@@ -3,6 +3,7 @@ writes its outputs into the folder the test gives it, and leaves the recorded re
 
 from __future__ import annotations
 
+import csv
 import hashlib
 import importlib
 import json
@@ -240,6 +241,48 @@ def check_imaml_inner_loop(out: Path, printed: str) -> None:
             expected = sum(y - x for x, y in zip(first, b, strict=True)) / len(b)
             assert arm["minus_proximal"]["mean"] == pytest.approx(expected, abs=1e-9)
     assert "minus_proximal" not in arms[0] and "| pull_back | 16 |" in printed
+
+
+def check_relation_character_split(out: Path, printed: str) -> None:
+    random_arm, vinyals = load(out / "results.json")["arms"]
+    assert (random_arm["split"], vinyals["split"]) == ("random characters", "Vinyals")
+    folder = out / "runs" / "relation_character_split" / "data" / "omniglot"
+    lists = {
+        split: (folder / "splits" / "vinyals" / f"{split}.txt").read_text().split()
+        for split in ("train", "val", "trainval", "test")
+    }
+    assert lists["train"] + lists["val"] == lists["trainval"]
+
+    def characters(names: list[str]) -> list[tuple[str, ...]]:
+        return list(dict.fromkeys(tuple(name.split("/")[:2]) for name in names))
+
+    trainval, test = characters(lists["trainval"]), characters(lists["test"])
+    # Every character of the data once, each with its four rotations as classes.
+    with open(folder / "omniglot_index.csv", newline="") as f:
+        index = {(r["alphabet"], r["character"]) for r in csv.DictReader(f)}
+    assert sorted(trainval + test) == sorted(index)
+    assert len(lists["test"]) == 4 * len(test) and len(lists["trainval"]) == 4 * len(trainval)
+    seen = {a for a, _ in trainval}
+    assert random_arm["test_characters_of_seen_alphabets"] == sum(a in seen for a, _ in test)
+    assert (random_arm["train_characters"], random_arm["test_characters"]) == (
+        len(trainval),
+        len(test),
+    )
+    for arm in (random_arm, vinyals):
+        name = arm["split"].split()[0].lower()
+        for key, suffix in (("test", ""), ("test_transductive", ".transductive")):
+            (path,) = (out / "evals").glob(f"{name}.*.5w1s{suffix}.json")
+            evaluation = load(path)
+            assert (
+                evaluation["transductive"] == bool(suffix) and evaluation["precision"] == "float32"
+            )
+            assert 100 * arm[key][0] == pytest.approx(evaluation["accuracy"], abs=1e-4)
+    assert (
+        load(out / "evals" / next((out / "evals").glob("random.*")).name)["checkpoint"]
+        == (random_arm["checkpoint"])
+    )
+    assert vinyals["checkpoint"] == "models/omniglot/relation_conv4_5way1shot.pt"
+    assert "| random characters | " in printed and len(random_arm["val_acc"]) == 1
 
 
 def check_imaml_inner_steps(out: Path, printed: str) -> None:
@@ -506,6 +549,12 @@ DRIVERS = {
         ("--out", "{out}", *OMNIGLOT),
         ("results.json", "results.md"),
         check_maml_test_steps,
+    ),
+    "relation_character_split": Driver(
+        "experiments.relation_character_split.study",
+        ("--out", "{out}", *OMNIGLOT),
+        ("results.json", "results.md"),
+        check_relation_character_split,
     ),
     "omniglot_reproduction": Driver(
         "experiments.omniglot_reproduction.study",
