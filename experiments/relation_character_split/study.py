@@ -59,10 +59,10 @@ TESTS = (
 SMOKE = {"epochs": 1, "episodes_per_epoch": 4, "val_episodes": 2, "episodes": 2}
 
 
-def character_split(source: Path, target: Path, seed: int) -> dict:
+def character_split(source: Path, target: Path, seed: int) -> None:
     """A data root `target` with Omniglot's drawings linked from `source` and split lists of a
     random character split (each character with its four rotations as classes, as the Vinyals
-    lists are written); returns the split's sizes and its alphabets' overlap."""
+    lists are written)."""
     with open(source / "omniglot" / "omniglot_index.csv", newline="") as f:
         characters = sorted({(r["alphabet"], r["character"]) for r in csv.DictReader(f)})
     random.Random(seed).shuffle(characters)
@@ -85,19 +85,12 @@ def character_split(source: Path, target: Path, seed: int) -> dict:
     for split, chars in lists.items():
         names = [f"{a}/{c}/{rot}" for a, c in chars for rot in ROTATIONS]
         atomic_write_text("\n".join(names) + "\n", folder / "splits" / "vinyals" / f"{split}.txt")
-    seen = {a for a, _ in trainval}
-    return {
-        "seed": seed,
-        "train_characters": len(trainval),
-        "test_characters": len(test),
-        "test_alphabets": len({a for a, _ in test}),
-        "test_characters_of_seen_alphabets": sum(a in seen for a, _ in test),
-    }
 
 
-def vinyals_overlap(source: Path) -> dict:
-    """The same figures for the Vinyals split of `source`."""
-    lists = source / "omniglot" / "splits" / "vinyals"
+def split_figures(root: Path) -> dict:
+    """The sizes of the Omniglot split lists of data root `root` and how many test characters
+    belong to an alphabet trained on."""
+    lists = root / "omniglot" / "splits" / "vinyals"
 
     def characters(split: str) -> set[tuple[str, ...]]:
         return {tuple(name.split("/")[:2]) for name in (lists / f"{split}.txt").read_text().split()}
@@ -120,7 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     evals = out / "evals"
     evals.mkdir(parents=True, exist_ok=True)
     split_root = Path(args.runs) / "relation_character_split" / "data"
-    split = character_split(source, split_root, args.seed)
+    character_split(source, split_root, args.seed)
     run = f"{args.runs}/relation_character_split/run"
     epochs = args.epochs or json.loads(CONFIG.read_text())["epochs"]
     sizes = {k: getattr(args, k) for k in ("epochs", "episodes_per_epoch", "val_episodes")}
@@ -128,8 +121,8 @@ def main(argv: list[str] | None = None) -> None:
     history = load_checkpoint(Path(run) / "last.pt")["progress"]["history"]
     # Tested in float32 on every machine, as the reproduction table.
     arms = (
-        ("random characters", f"{run}/last.pt", str(split_root), split),
-        ("Vinyals", str(SHIPPED.relative_to(REPO)), args.data_root, vinyals_overlap(source)),
+        ("random characters", f"{run}/last.pt", str(split_root), split_figures(split_root)),
+        ("Vinyals", str(SHIPPED.relative_to(REPO)), args.data_root, split_figures(source)),
     )
     results: dict = {"episodes": args.episodes, "arms": []}
     for name, checkpoint, root, figures in arms:
@@ -144,6 +137,7 @@ def main(argv: list[str] | None = None) -> None:
             arm[key] = [float(acc.double().mean()), ci95(acc)]
         results["arms"].append(arm)
     results["arms"][0] |= {
+        "seed": args.seed,
         "val_acc": [row["val_acc"] for row in history],
         "seconds": sum(row["seconds"] for row in history),
     }
