@@ -277,10 +277,8 @@ def check_relation_character_split(out: Path, printed: str) -> None:
                 evaluation["transductive"] == bool(suffix) and evaluation["precision"] == "float32"
             )
             assert 100 * arm[key][0] == pytest.approx(evaluation["accuracy"], abs=1e-4)
-    assert (
-        load(out / "evals" / next((out / "evals").glob("random.*")).name)["checkpoint"]
-        == (random_arm["checkpoint"])
-    )
+    random_eval = load(next((out / "evals").glob("random.*")))
+    assert random_eval["checkpoint"] == random_arm["checkpoint"]
     assert vinyals["checkpoint"] == "models/omniglot/relation_conv4_5way1shot.pt"
     assert "| random characters | " in printed and len(random_arm["val_acc"]) == 1
 
