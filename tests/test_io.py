@@ -1,8 +1,11 @@
-"""Atomic writes: the umask's file mode, and failures that keep the previous file and name it."""
+"""Atomic writes: the umask's file mode, and failures that keep the previous file and name it;
+checkpoints refused in one line, without the warnings torch gives on the way."""
 
 from __future__ import annotations
 
 import os
+import pickle
+import warnings
 
 import pytest
 import torch
@@ -46,3 +49,35 @@ def test_an_impossible_destination_is_one_error_naming_it(tmp_path):
         check_writable(target)
     with pytest.raises(FewshotError, match=f"cannot write {target}"):
         atomic_write_text("x", target)
+
+
+class RunsCode:
+    """Unpickled, it would call print: what a hostile checkpoint holds."""
+
+    def __reduce__(self):
+        return (print, ("this ran",))
+
+
+def test_a_refused_checkpoint_is_one_line_without_torchs_warnings(tmp_path):
+    hostile = tmp_path / "hostile.pt"
+    # Protocol 4, not torch's 2: torch's loader warns about it before refusing the file.
+    hostile.write_bytes(pickle.dumps({"w": RunsCode()}, protocol=4))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(FewshotError, match="could run code"):
+            load_checkpoint(hostile)
+    assert [str(w.message) for w in caught] == []
+
+
+def test_a_checkpoint_that_loads_keeps_its_warnings(tmp_path, monkeypatch):
+    path = tmp_path / "a.pt"
+    atomic_torch_save({"x": torch.ones(1)}, path)
+    load = torch.load
+
+    def warning_load(*args, **kwargs):
+        warnings.warn("a note of torch's", UserWarning, stacklevel=1)
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", warning_load)
+    with pytest.warns(UserWarning, match="a note of torch's"):
+        assert torch.equal(load_checkpoint(path)["x"], torch.ones(1))

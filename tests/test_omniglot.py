@@ -141,7 +141,10 @@ def test_a_damaged_cache_entry_is_decoded_again_and_replaced(tmp_path, monkeypat
     assert np.load(entry).dtype == np.uint8 and np.load(entry).shape == (659, 20, 28, 28)
 
 
-def test_an_unwritable_cache_folder_only_costs_the_decoding(tmp_path, monkeypatch):
+def test_an_unwritable_cache_folder_only_costs_the_decoding(tmp_path, monkeypatch, capsys):
     (tmp_path / "file").write_text("")
     monkeypatch.setenv("FEWSHOT_CACHE", str(tmp_path / "file" / "cache"))  # cannot be made
+    monkeypatch.setattr("fewshot.runtime.cache._NOTED", set())
     assert load_split("omniglot", "val", REPO_DATA).num_classes == 688
+    (note,) = capsys.readouterr().err.splitlines()
+    assert note.startswith(f"note: cannot write {tmp_path / 'file'}") and "in memory" in note

@@ -10,6 +10,7 @@ import os
 import pickle
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -195,8 +196,22 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     path = Path(path)
     if not path.is_file():
         raise FewshotError(f"checkpoint not found: {path}")
+    # torch warns about a foreign file's pickle protocol before refusing it: a refusal stays
+    # one line, and a file that loads gets its warnings shown as usual.
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ckpt = _load_weights_only(path, map_location)
+        if not isinstance(ckpt, dict):
+            raise FewshotError(f"checkpoint {path} does not hold a dict of tensors")
+    for warning in caught:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return ckpt
+
+
+def _load_weights_only(path: Path, map_location: str | torch.device) -> Any:
+    """torch.load with weights_only=True, any failure one FewshotError naming the file."""
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError:
         # torch's own message advises weights_only=False, which would run the file's code.
         raise FewshotError(
@@ -208,6 +223,3 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
             f"cannot read checkpoint {path} (not a torch checkpoint of plain tensors?): "
             f"{type(e).__name__}: {summary(e)}"
         ) from None
-    if not isinstance(ckpt, dict):
-        raise FewshotError(f"checkpoint {path} does not hold a dict of tensors")
-    return ckpt
