@@ -127,3 +127,29 @@ def test_a_source_that_cannot_join_is_refused_before_any_data(extra, message, tm
     argv = ["train", "--extra-data", extra, "--out", str(tmp_path / "run")]
     assert message in refused(argv, capsys)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("main_data", "extras"),
+    [
+        (["--dataset", "folder", "--data-root", "{photos}"], ["folder:{photos}/"]),
+        (["--dataset", "folder", "--data-root", "{photos}"], ["folder:{photos}/../photos"]),
+        (["--dataset", "folder", "--data-root", "{photos}"], ["folder:{link}"]),
+        (["--dataset", "omniglot"], ["folder:{photos}", "folder:{photos}//"]),
+        # The default data root ($FEWSHOT_DATA here) given by its path.
+        (["--dataset", "omniglot"], ["omniglot:{omniglot}/."]),
+        (["--dataset", "omniglot", "--data-root", "{omniglot}/"], ["omniglot"]),
+    ],
+)
+def test_a_data_set_given_twice_is_refused_however_its_root_is_spelled(
+    main_data, extras, tmp_path, tiny_omniglot_root, monkeypatch, capsys
+):
+    monkeypatch.setenv("FEWSHOT_DATA", str(tiny_omniglot_root))
+    photos = split_folders(tmp_path / "photos")
+    (tmp_path / "link").symlink_to(photos)
+    names = {"photos": photos, "link": tmp_path / "link", "omniglot": tiny_omniglot_root}
+    extras = [extra.format(**names) for extra in extras]
+    argv = ["train", *(a.format(**names) for a in main_data), "--extra-data", *extras]
+    err = refused([*argv, "--out", str(tmp_path / "run")], capsys)
+    assert err.endswith(f"--extra-data {extras[-1]}: the run trains on it already")
+    assert not (tmp_path / "run").exists()

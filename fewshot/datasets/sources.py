@@ -10,9 +10,11 @@ episodes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
+from fewshot.datasets import resolve_data_root
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeSampler, EpisodeShape
 from fewshot.datasets.varied import VariedSampler, VariedShape, episode_sampler
@@ -33,6 +35,16 @@ class Source:
         if not name:
             raise ValueError(f"{spec!r} names no dataset: give NAME or NAME:ROOT")
         return cls(name, root or None)
+
+    def images(self) -> tuple[str, Path | None]:
+        """What tells two sources' images apart: the dataset and its data root resolved (the
+        default root where none is given), so that `ROOT/`, `ROOT/../ROOT` or a link to ROOT
+        are ROOT."""
+        try:
+            root = resolve_data_root(self.data_root).resolve()
+        except FewshotError:  # not a folder: refused when its data is read; as spelled here
+            root = Path(self.data_root).resolve() if self.data_root else None
+        return self.dataset, root
 
 
 def join_splits(named: list[tuple[str, ImageSplit]]) -> ImageSplit:

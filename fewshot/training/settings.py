@@ -240,8 +240,9 @@ class RunSettings:
 
     def _check_extra_data(self) -> None:
         """Refuse an --extra-data set that is unknown, repeats another, lacks a folder's root,
-        or whose images are of another geometry than the run's (a folder is read at it)."""
-        seen = {(self.dataset, self.data_root)}
+        or whose images are of another geometry than the run's (a folder is read at it); a
+        data set is the same however its root is spelled."""
+        seen = {Source(self.dataset, self.data_root).images()}
         for spec, source in zip(self.extra_data, self.extra_sources, strict=True):
             if source.dataset not in dataset_names():
                 raise SettingError(
@@ -253,9 +254,9 @@ class RunSettings:
                 raise SettingError("extra_data", f"{spec}: a folder needs its root, folder:ROOT")
             if source.data_root and not Path(source.data_root).is_dir():
                 raise SettingError("extra_data", f"{spec}: {source.data_root} is not a folder")
-            if (source.dataset, source.data_root) in seen:
+            if source.images() in seen:
                 raise SettingError("extra_data", f"{spec}: the run trains on it already")
-            seen.add((source.dataset, source.data_root))
+            seen.add(source.images())
             if source.dataset != FOLDER and GEOMETRY[source.dataset] != self.geometry:
                 given, want = (
                     "x".join(map(str, (g[0], g[1], g[1])))
