@@ -3,7 +3,8 @@
 The Python API is the command line's equal: `fewshot.train(...)`, `fewshot.pretrain(...)`,
 `fewshot.evaluate(...)`, `fewshot.compare(...)`, `fewshot.compare_seeds(...)`,
 `fewshot.predict(...)` and the settings
-classes they build (see fewshot.api).
+classes they build (see fewshot.api); `fewshot.FewShotClassifier` classifies images in memory
+with any of its models, a frozen backbone or an nn.Module (see fewshot.classifier).
 """
 
 import importlib
@@ -36,6 +37,7 @@ _API = {
     "compare": "fewshot.api",
     "compare_seeds": "fewshot.api",
     "predict": "fewshot.api",
+    "FewShotClassifier": "fewshot.classifier",
     "Prediction": "fewshot.cli.predict",
     "EvalSettings": "fewshot.cli.eval",
     "EvalResult": "fewshot.evaluation.episodes",

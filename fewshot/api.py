@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from torch import nn
+
 from fewshot.cli.compare import (
     CompareSeedsSettings,
     CompareSettings,
@@ -21,6 +23,7 @@ from fewshot.evaluation.episodes import EvalResult
 from fewshot.evaluation.stats import Difference
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.settings import build
+from fewshot.training.model_source import MODULE_PREFIX, Backbone, given_modules
 from fewshot.training.settings import PretrainSettings, RunSettings, TrainSettings
 
 
@@ -80,16 +83,53 @@ def pretrain(
     return _run(run, PretrainSettings, settings, values)
 
 
-def evaluate(checkpoint: str | Path, **values: Any) -> EvalResult:
-    """`fewshot eval`: accuracy ± 95% CI on seeded test episodes (also written as JSON)."""
-    settings = build(EvalSettings, [("flags", {"checkpoint": str(checkpoint), **_flags(values)})])
-    return run_eval(settings)
+def _modules(values: dict, keys: tuple[str, ...]) -> list[Backbone]:
+    """Replace each nn.Module among `values[key]` (a frozen backbone from Python) by the name
+    the settings know it by (module:CLASS), with the input it takes (`image_size`, `mean`,
+    `std` popped from `values`; else what the module says, else the data's); the modules."""
+    given = {key: values[key] for key in keys if isinstance(values.get(key), nn.Module)}
+    shared = {key: values.pop(key) for key in ("image_size", "mean", "std") if key in values}
+    if shared and not given:
+        raise FewshotError(f"{', '.join(shared)}: apply to a backbone given as an nn.Module")
+    backbones = []
+    for key, module in given.items():
+        name = f"{MODULE_PREFIX}{type(module).__name__}"
+        name += f"-{key}" if len(given) > 1 else ""
+        mean, std = shared.get("mean"), shared.get("std")
+        backbones.append(
+            Backbone(
+                name,
+                module=module,
+                image_size=shared.get("image_size"),
+                mean=tuple(mean) if mean is not None else None,
+                std=tuple(std) if std is not None else None,
+            )
+        )
+        values[key] = name
+    return backbones
 
 
-def compare(a: str | Path, b: str | Path, **values: Any) -> Difference:
-    """`fewshot compare`: B - A on the very same seeded episodes, with its paired 95% CI."""
-    settings = build(CompareSettings, [("flags", {"a": str(a), "b": str(b), **_flags(values)})])
-    return run_compare(settings)
+def evaluate(checkpoint: str | Path | None = None, **values: Any) -> EvalResult:
+    """`fewshot eval`: accuracy ± 95% CI on seeded test episodes (also written as JSON), of a
+    checkpoint or of a frozen backbone (`backbone=` a name such as "timm:resnet18", or any
+    nn.Module mapping images to features, with `image_size`, `mean` and `std` where the
+    module does not say them), e.g. `evaluate(backbone=model, dataset="folder", ...)`."""
+    values = _flags(values)
+    modules = _modules(values, ("backbone",))
+    if checkpoint is not None:
+        values["checkpoint"] = str(checkpoint)
+    with given_modules(modules):
+        return run_eval(build(EvalSettings, [("flags", values)]))
+
+
+def compare(a: str | Path | nn.Module, b: str | Path | nn.Module, **values: Any) -> Difference:
+    """`fewshot compare`: B - A on the very same seeded episodes, with its paired 95% CI; each
+    of A and B a checkpoint, a frozen backbone's name or an nn.Module (see `evaluate`)."""
+    values = {**_flags(values), "a": a if isinstance(a, nn.Module) else str(a)}
+    values["b"] = b if isinstance(b, nn.Module) else str(b)
+    modules = _modules(values, ("a", "b"))
+    with given_modules(modules):
+        return run_compare(build(CompareSettings, [("flags", values)]))
 
 
 def compare_seeds(a: list[str | Path], b: list[str | Path], **values: Any) -> Difference:
@@ -99,14 +139,28 @@ def compare_seeds(a: list[str | Path], b: list[str | Path], **values: Any) -> Di
 
 
 def predict(
-    checkpoint: str | Path,
-    support: str | Path,
-    query: str | Path | list[str | Path],
+    checkpoint: str | Path | None = None,
+    support: str | Path | None = None,
+    query: str | Path | list[str | Path] | None = None,
     **values: Any,
 ) -> Prediction:
     """`fewshot predict`: the classes of query images (files or folders of them) from a
-    support folder of class folders; `.classes`, `.paths`, `.scores` [n, way], `.predicted`.
-    For tensors of images, a trained model's own `predict(support, labels, query)`."""
-    queries = [str(q) for q in (query if isinstance(query, list | tuple) else [query])]
-    paths = {"checkpoint": str(checkpoint), "support": str(support), "query": queries}
-    return run_predict(build(PredictSettings, [("flags", {**paths, **_flags(values)})]))
+    support folder of class folders, with a checkpoint or a frozen backbone (`backbone=`, as
+    in `evaluate`); `.classes`, `.paths`, `.scores` [n, way], `.predicted`. For images in
+    memory (tensors, PIL images), `fewshot.FewShotClassifier`."""
+    values = _flags(values)
+    for key, value in (("support", support), ("query", query)):
+        if value is not None and not isinstance(value, str | os.PathLike | list | tuple):
+            raise FewshotError(
+                f"{key} must be a folder or image paths, got a {type(value).__name__} (for "
+                "images in memory: fewshot.FewShotClassifier)"
+            )
+    if query is not None:
+        values["query"] = [str(q) for q in (query if isinstance(query, list | tuple) else [query])]
+    if support is not None:
+        values["support"] = str(support)
+    if checkpoint is not None:
+        values["checkpoint"] = str(checkpoint)
+    modules = _modules(values, ("backbone",))
+    with given_modules(modules):
+        return run_predict(build(PredictSettings, [("flags", values)]))

@@ -257,7 +257,7 @@ BAD_COMMANDS = [
     ("eval --checkpoint {file}", "cannot read checkpoint"),
     ("eval --checkpoint {run}/best.pt --out {file}/r.json", "cannot write"),
     ("eval --checkpoint {run}/best.pt --split nope", "omniglot has splits"),
-    ("eval", "the following arguments are required: --checkpoint"),
+    ("eval", "--checkpoint is required, or --backbone for a frozen backbone"),
     (
         "import-metaoptnet --checkpoint {file} --backbone conv4 --head svm --dataset fc100 "
         "--out {file}/x.pt",

@@ -8,6 +8,7 @@ the mean paired difference, with t intervals across seeds.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -19,38 +20,63 @@ from fewshot.evaluation.stats import Difference, paired_ci, paired_seeds_ci, see
 from fewshot.runtime.device import resolve_device
 from fewshot.runtime.io import atomic_write_json, file_sha256, json_differences, prepare_output
 from fewshot.runtime.settings import Command, SettingError, setting
-from fewshot.training.checkpoint import checkpoint_file, load_trained
+from fewshot.training.checkpoint import checkpoint_file
+from fewshot.training.model_source import Model, checkpoint_model
 
 
-def per_episode(settings: EpisodeSettings, paths: list[str]) -> tuple[str, list[torch.Tensor]]:
+def names_backbone(arm: str) -> bool:
+    """Whether a comparison's arm names a frozen backbone (conv4, timm:NAME, ...) rather than
+    a checkpoint: no such file or folder, and not a path or a .pt file's name."""
+    path = Path(arm)
+    return not path.exists() and len(path.parts) == 1 and path.suffix not in (".pt", ".pth")
+
+
+def arm_models(
+    settings: EpisodeSettings, arms: list[str], device: torch.device
+) -> tuple[str, list[Model]]:
+    """The data set of the comparison and every arm's model: checkpoints first, then the
+    frozen backbones, read as the first checkpoint's model reads the data."""
+    loaded = {arm: checkpoint_model(arm, device) for arm in arms if not names_backbone(arm)}
+    trained_on = {model.config["dataset"] for model in loaded.values()}
+    if settings.dataset is None and len(trained_on) != 1:
+        why = (
+            f"the models were trained on {', '.join(sorted(trained_on))}"
+            if trained_on
+            else ("frozen backbones have no data set")
+        )
+        raise SettingError("dataset", f"must be given: {why}")
+    dataset = settings.dataset or trained_on.pop()
+    beside = next((model.config for model in loaded.values()), None)
+    models = [
+        loaded[arm]
+        if arm in loaded
+        else settings.frozen_model(settings.frozen(arm), dataset, device, beside)
+        for arm in arms
+    ]
+    return dataset, models
+
+
+def per_episode(settings: EpisodeSettings, arms: list[str]) -> tuple[str, list[torch.Tensor]]:
     """Every model's per-episode accuracies on the same seeded episodes, and the dataset."""
     device = resolve_device(settings.device)
-    files = [checkpoint_file(path) for path in paths]
-    models = [load_trained(path, device) for path in files]
-    trained_on = {config["dataset"] for _, config in models}
-    if settings.dataset is None and len(trained_on) > 1:
-        raise SettingError(
-            "dataset", f"must be given: the models were trained on {', '.join(sorted(trained_on))}"
-        )
-    dataset = settings.dataset or trained_on.pop()
-    for method, config in models:
-        settings.prepare(method, config)
-        settings.check_method(method)
-        settings.check_cache(method, method_label(config))
+    dataset, models = arm_models(settings, arms, device)
+    for model in models:
+        settings.prepare(model.method, model.config)
+        settings.check_method(model.method)
+        settings.check_cache(model.method, method_label(model.config))
     # Each model sees the images as it was trained to (its geometry, its normalisation).
-    trained = [(config, path) for path, (_, config) in zip(files, models, strict=True)]
-    splits = settings.episode_splits(dataset, trained)
+    splits = settings.episode_splits(dataset, [(model.config, model.label) for model in models])
     images = len(splits[0].labels)  # the same split, seen at each model's geometry
-    caches = [settings.cache_for(method, images) for method, _ in models]
-    for note in dict.fromkeys(settings.cache_note(method, images) for method, _ in models):
+    caches = [settings.cache_for(model.method, images) for model in models]
+    for note in dict.fromkeys(settings.cache_note(model.method, images) for model in models):
         if note:
             print(note)
     # Every model's evaluation checked before the first one's work.
-    for (method, _), data, cache in zip(models, splits, caches, strict=True):
-        settings.check_evaluation(method, data, device, cache)
+    for model, data, cache in zip(models, splits, caches, strict=True):
+        settings.check_evaluation(model.method, data, device, cache)
     return dataset, [
-        settings.accuracies(method, config, data, device, cache)
-        for (method, config), data, cache in zip(models, splits, caches, strict=True)
+        settings.accuracies(model.method, model.config, data, device, cache)
+        for model, data, cache in zip(models, splits, caches, strict=True)
     ]
 
 
@@ -71,8 +97,18 @@ def identity(settings: CompareSettings | CompareSeedsSettings) -> dict:
         transductive=settings.transductive,
     )
     record.update(given_settings(settings))
-    record["checkpoint_sha256"] = [file_sha256(checkpoint_file(p)) for p in paths]
+    record["checkpoint_sha256"] = [arm_digest(settings, p) for p in paths]
     return record
+
+
+def arm_digest(settings: EpisodeSettings, arm: str) -> str:
+    """What names an arm's weights before any is built: its checkpoint file's SHA-256, or a
+    frozen backbone's name, options and weights file's SHA-256."""
+    if not names_backbone(arm):
+        return file_sha256(checkpoint_file(arm))
+    weights = settings.backbone_weights
+    parts = [arm, json.dumps(settings.backbone_options, sort_keys=True)]
+    return ":".join([*parts, file_sha256(weights) if weights else "initialised"])
 
 
 def prepare_record(settings: CompareSettings | CompareSeedsSettings) -> Path | None:
@@ -101,10 +137,28 @@ def difference_line(label: str, d: Difference, unit: str) -> str:
 class CompareSettings(EpisodeSettings):
     """`fewshot compare`: two checkpoints on the same seeded episodes."""
 
-    a: str = setting(help="checkpoint (or run folder) A", positional=True)
-    b: str = setting(help="checkpoint (or run folder) B", positional=True)
+    a: str = setting(
+        help="checkpoint (or run folder) A, or a frozen backbone's name (conv4, resnet12, "
+        "timm:NAME, torchvision:NAME; its weights by --backbone-weights)",
+        positional=True,
+    )
+    b: str = setting(help="checkpoint (or run folder) B, or a frozen backbone", positional=True)
     out: str | None = setting(None, help="JSON file for both models' per-episode accuracies")
     overwrite: bool = setting(False, help="replace another comparison at the --out path")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if len(self.backbones) == 2 and (self.backbone_weights or self.backbone_options):
+            raise SettingError(
+                "backbone_weights" if self.backbone_weights else "backbone_options",
+                "applies to one frozen backbone, and both arms are: compare one of them with "
+                "its weights against a checkpoint, or two modules from Python (fewshot.compare)",
+            )
+
+    @property
+    def backbones(self) -> list[str]:
+        """The arms that name frozen backbones."""
+        return [arm for arm in (self.a, self.b) if names_backbone(arm)]
 
 
 def run_compare(settings: CompareSettings) -> Difference:

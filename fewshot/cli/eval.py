@@ -50,7 +50,6 @@ from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import (
     atomic_write_json,
     check_writable,
-    file_sha256,
     json_differences,
     prepare_output,
 )
@@ -61,15 +60,21 @@ from fewshot.runtime.settings import (
     SettingError,
     check_fields,
     check_options,
+    refuse_unused,
     seed_setting,
     setting,
 )
-from fewshot.training.checkpoint import (
-    as_trained,
-    check_geometry,
-    checkpoint_file,
-    load_trained,
-    polarity_mismatch,
+from fewshot.training.checkpoint import as_trained, check_geometry, polarity_mismatch
+from fewshot.training.model_source import (
+    DEFAULT_CLASSIFIER,
+    NORMALIZATIONS,
+    Backbone,
+    Model,
+    checkpoint_model,
+    frozen_geometry,
+    frozen_model,
+    given_module,
+    result_folder_name,
 )
 
 # The checkpoint's settings that decide how its method solves a test episode (the weights are
@@ -93,11 +98,12 @@ CACHED_EPISODES_PER_BATCH = 200
 # with each query alone (`ModelSettings.prepare_batch_norm`).
 BATCH_NORMS = ("running", "transductive", "per-query")
 
-# What a result records but does not depend on: which path named the checkpoint (its hash is
-# the identity), and whether the embeddings were cached (exact either way).
-RECORDED_ONLY = ("checkpoint", "models", "cache")
-# The models shipped in the repository's models/: their results go to the user's results/.
-SHIPPED_MODELS = Path(__file__).resolve().parents[2] / "models"
+# What a result records but does not depend on: which path named the checkpoint or a frozen
+# backbone's weights (their hashes are the identity), and whether the embeddings were cached
+# (exact either way).
+RECORDED_ONLY = ("checkpoint", "backbone_weights", "models", "cache")
+# Results of the models shipped in a checkout's models/ (and of frozen backbones) go to the
+# user's results/, not beside the model.
 RESULTS = Path("results")
 
 
@@ -119,8 +125,19 @@ def given_settings(settings: ModelSettings) -> dict:
 
 
 def method_label(config: dict) -> str:
-    """How messages name a checkpoint's method: `--method NAME`, or pretraining."""
+    """How messages name a model's method: `--method NAME`, pretraining or a frozen backbone."""
+    if config.get("stage") == "frozen":
+        return "a frozen backbone"
     return f"--method {config['method']}" if "method" in config else "a pretrained model"
+
+
+def shipped(checkpoint: Path) -> bool:
+    """Whether a checkpoint is one of a checkout's shipped models: under its models/ folder
+    (beside hubconf.py), wherever the installed package is."""
+    return any(
+        folder.name == "models" and (folder.parent / "hubconf.py").is_file()
+        for folder in checkpoint.resolve().parents
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,9 +174,37 @@ class ModelSettings:
         "checkpoint's eval_inner_steps; the MAML paper tests Omniglot models with 3)",
         low=0,
     )
+    backbone_options: dict = setting(
+        help="a frozen backbone's keyword options as JSON; for timm: and torchvision: those "
+        "of the library's constructor, and '{\"pretrained\": true}' for the library's weights "
+        "(network access; without it, download them elsewhere and give --backbone-weights)",
+        default_factory=dict,
+    )
+    backbone_weights: str | None = setting(
+        None,
+        help="a frozen backbone's weights: a state dict file (of the library's model for "
+        "timm:/torchvision:, its classifier's entries ignored), loaded without running code",
+    )
+    normalization: str = setting(
+        "auto",
+        help="a frozen backbone's images normalised with the data's mean and std or with the "
+        "timm:/torchvision: backbone's own (auto: the backbone's where it has them for the "
+        "images' channels)",
+        choices=NORMALIZATIONS,
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)
+        if not self.backbones:
+            refuse_unused(
+                self,
+                ["backbone_options", "backbone_weights", "normalization"],
+                "a checkpoint (they describe a frozen backbone: --backbone)",
+            )
+        if self.backbone_weights and self.backbone_options.get("pretrained"):
+            raise SettingError(
+                "backbone_weights", "and pretrained both give the backbone's weights"
+            )
         if self.batch_norm == "transductive" and self.classifier == PMF:
             raise SettingError(
                 "batch_norm",
@@ -189,6 +234,24 @@ class ModelSettings:
     def classifier_shape(self) -> list[tuple[str, tuple[int, int]]]:
         """The setting that sets the episodes' shape and that shape, where it is known."""
         return []
+
+    @property
+    def backbones(self) -> list[str]:
+        """The frozen backbones these settings name (none: checkpoints only)."""
+        return []
+
+    def frozen(self, name: str) -> Backbone:
+        """The frozen backbone `name` with these settings' options and weights, or the module
+        given from Python under that name."""
+        given = given_module(name)
+        if given is not None:
+            return given
+        return Backbone(name, self.backbone_options, self.backbone_weights, self.normalization)
+
+    def classifier_name(self, model: Model) -> str | None:
+        """The test-time classifier a result records: --classifier, a frozen backbone's
+        default, or None (the model's own head)."""
+        return self.classifier or (DEFAULT_CLASSIFIER if model.frozen else None)
 
     @property
     def transductive(self) -> bool:
@@ -340,18 +403,42 @@ class EpisodeSettings(ModelSettings):
         the model's own data root for its own dataset (see `training_root`)."""
         return self.data_root if self.dataset else self.training_root(config)
 
-    def episode_splits(self, dataset: str, trained: list[tuple[dict, Path]]) -> list[ImageSplit]:
+    def frozen_model(
+        self, backbone: Backbone, dataset: str, device: torch.device, beside: dict | None = None
+    ) -> Model:
+        """A frozen backbone for the evaluated data: read as the model of checkpoint settings
+        `beside` reads it (compare), else at the data set's own geometry (a folder's at the
+        side the backbone was made for, unless --resize)."""
+        if beside is None:
+            root = self.data_root
+            geometry, _ = frozen_geometry(
+                backbone, dataset, root, self.split, self.resize, self.channels
+            )
+        else:
+            root, geometry = self.evaluated_root(beside), self.read_geometry(dataset, beside)
+        return frozen_model(backbone, dataset, root, geometry, device, self.amp)
+
+    def read_geometry(self, dataset: str, config: dict) -> tuple[int, int]:
+        """(channels, side) the episodes' images are read at for the model of checkpoint
+        settings `config`, from metadata: a built-in data set's own (it refuses --resize and
+        --channels), a folder's at --resize and --channels, by default the model's."""
+        channels, side = self.channels, self.resize
+        if dataset == FOLDER:
+            channels, side = channels or config["in_channels"], side or config["image_size"]
+        return dataset_geometry(dataset, self.evaluated_root(config), self.split, side, channels)
+
+    def episode_splits(
+        self, dataset: str, trained: list[tuple[dict, str | Path]]
+    ) -> list[ImageSplit]:
         """The split the episodes are drawn from, as each model (checkpoint settings, path)
         sees it; the geometry every model expects is checked against the data's from metadata,
         before any image is read. A folder data set is read at --resize and --channels, by
         default at the first model's geometry, said in one line where its first image has
         another (cross-domain evaluation); a built-in dataset has its own."""
         config, path = trained[0]
-        root, channels, side = self.evaluated_root(config), self.channels, self.resize
-        if dataset == FOLDER:
-            channels, side = channels or config["in_channels"], side or config["image_size"]
-        # A built-in dataset refuses --resize and --channels here.
-        geometry = dataset_geometry(dataset, root, self.split, side, channels)
+        root = self.evaluated_root(config)
+        geometry = self.read_geometry(dataset, config)
+        channels, side = geometry
         for model, checkpoint in trained:
             check_geometry(model, geometry, f"{dataset} split {self.split!r}", checkpoint)
         if dataset == FOLDER:
@@ -361,9 +448,8 @@ class EpisodeSettings(ModelSettings):
                     f"{root} {self.split}: its {own} images (the first's geometry) are read "
                     f"as {channels}x{side}x{side}, the geometry of {path}"
                 )
-        split = load_split(
-            dataset, self.split, root, resize=side, channels=channels, per_class=self.per_class
-        )
+        read = {"resize": side, "channels": channels} if dataset == FOLDER else {}
+        split = load_split(dataset, self.split, root, **read, per_class=self.per_class)
         for model, checkpoint in trained:
             mismatch = polarity_mismatch(model, split, checkpoint)
             if mismatch:  # its accuracy would be noise; fewshot predict --invert reads them so
@@ -428,11 +514,12 @@ class EpisodeSettings(ModelSettings):
 
     def cache_for(self, method: Method, images: int) -> bool:
         """Whether `method` evaluates with the cache on a split of `images` images: --cache or
-        --no-cache, else where it has one and the split has fewer images than the episodes
-        (embedding it once costs less than embedding every episode)."""
+        --no-cache, else where it keeps a frozen backbone's features on disk (embedded once
+        for every later command), or where it has a cache and the split has fewer images than
+        the episodes (embedding it once costs less than embedding every episode)."""
         if self.cache is not None:
             return self.cache
-        return cache_pays(method, images, self.shape, self.episodes)
+        return kept_features(method) or cache_pays(method, images, self.shape, self.episodes)
 
     def cache_note(self, method: Method, images: int) -> str | None:
         """The line that says what the default chose for `method` on a split of `images`
@@ -440,6 +527,11 @@ class EpisodeSettings(ModelSettings):
         if self.cache is not None or not method.caches:
             return None
         split, episodes = f"split {self.split!r}", f"the {self.episodes} episodes"
+        if kept_features(method):
+            return (
+                f"feature cache: the {images} images of {split} embedded once and kept for "
+                "later commands (--no-cache: embed each episode)"
+            )
         # Varied episodes' sizes are drawn: the count is their largest.
         count = f"up to {self.episode_images}" if self.varied else self.episode_images
         if self.cache_for(method, images):
@@ -504,9 +596,17 @@ class EpisodeSettings(ModelSettings):
 
 @dataclass(frozen=True, kw_only=True)
 class EvalSettings(EpisodeSettings):
-    """`fewshot eval`: a checkpoint on seeded episodes, the result as JSON."""
+    """`fewshot eval`: a checkpoint, or a frozen backbone, on seeded episodes; JSON result."""
 
-    checkpoint: str = setting(help="a .pt file written by fewshot train (or its run folder)")
+    checkpoint: str | None = setting(
+        None, help="a .pt file written by fewshot train or pretrain (or its run folder)"
+    )
+    backbone: str | None = setting(
+        None,
+        help="instead of --checkpoint, a frozen backbone with no training: conv4, resnet12 "
+        "(with --backbone-weights FILE), timm:NAME or torchvision:NAME, classified by "
+        f"--classifier (default {DEFAULT_CLASSIFIER}); needs --dataset",
+    )
     out: str | None = setting(None, help="JSON result path (default: next to the checkpoint)")
     per_episode: bool = setting(False, help="also write every episode's accuracy to the JSON")
     save_episodes: str | None = setting(
@@ -517,6 +617,14 @@ class EvalSettings(EpisodeSettings):
     overwrite: bool = setting(False, help="replace a result of other settings at the --out path")
 
     def __post_init__(self) -> None:
+        if self.checkpoint is None and self.backbone is None:
+            raise SettingError("checkpoint", "is required, or --backbone for a frozen backbone")
+        if self.checkpoint is not None and self.backbone is not None:
+            raise SettingError("backbone", "and --checkpoint both name the model: give one")
+        if self.backbone is not None and self.dataset is None:
+            raise SettingError(
+                "dataset", "must be given with --backbone: a frozen backbone has no data set"
+            )
         super().__post_init__()
         if self.classifier == PMF and self.save_episodes:
             raise SettingError(
@@ -525,10 +633,22 @@ class EvalSettings(EpisodeSettings):
                 "predict's path, which does not fine-tune",
             )
 
-    def result_path(self, checkpoint: Path, dataset: str, record: dict) -> Path:
+    @property
+    def backbones(self) -> list[str]:
+        """--backbone, where given."""
+        return [self.backbone] if self.backbone else []
+
+    def model(self, device: torch.device) -> Model:
+        """The checkpoint's model, or the frozen backbone's for the evaluated data."""
+        if self.checkpoint is not None:
+            return checkpoint_model(self.checkpoint, device)
+        return self.frozen_model(self.frozen(self.backbone), self.dataset, device)
+
+    def result_path(self, model: Model, dataset: str, record: dict) -> Path:
         """Where the JSON result goes: --out, or a name made of what decides the result
         (`dataset`: its name, or folder-NAME for a folder; a digest of the rest of `record`)
-        beside the checkpoint, or in results/ for a model shipped in models/."""
+        beside the checkpoint, or in results/ for a model shipped in a checkout's models/ and
+        for a frozen backbone (results/backbones/NAME)."""
         if self.out:
             return Path(self.out)
         identity = json.dumps(result_identity(record), sort_keys=True)
@@ -540,36 +660,46 @@ class EvalSettings(EpisodeSettings):
             f"{self.way}w{self.shot}s{self.query}q" if not self.varied else varied_name(self),
             f"{self.episodes}ep",
             f"seed{self.seed}",
-            *([self.classifier] if self.classifier else []),
+            *([record["classifier"]] if record["classifier"] else []),
             record["precision"],
             digest,
         ]
-        folder = checkpoint.parent
-        if checkpoint.resolve().is_relative_to(SHIPPED_MODELS):
-            folder = RESULTS / folder.name / checkpoint.stem
+        checkpoint = model.checkpoint
+        if checkpoint is None:
+            folder = RESULTS / "backbones" / result_folder_name(model.config["backbone"])
+        elif shipped(checkpoint):
+            folder = RESULTS / checkpoint.parent.name / checkpoint.stem
+        else:
+            folder = checkpoint.parent
         return folder / ("_".join(parts) + ".json")
 
 
+def model_record(model: Model) -> dict:
+    """What a result records of the model: its identity (checkpoint and hash, or frozen
+    backbone) and the settings that decide how its method solves an episode."""
+    method_settings = {key: model.config[key] for key in METHOD_SETTINGS if key in model.config}
+    return {**model.identity, **json.loads(json.dumps(method_settings))}  # as JSON reads back
+
+
 def run_eval(settings: EvalSettings) -> EvalResult:
-    """`fewshot eval`: load a checkpoint, evaluate on seeded episodes, print and write JSON."""
+    """`fewshot eval`: load a checkpoint (or a frozen backbone), evaluate on seeded episodes,
+    print and write JSON."""
     device = resolve_device(settings.device)
-    checkpoint = checkpoint_file(settings.checkpoint)
-    method, config = load_trained(checkpoint, device)
-    if config.get("freeze_backbone"):
-        use_run_features(method, checkpoint)
+    model = settings.model(device)
+    method, config = model.method, model.config
+    if config.get("freeze_backbone") and model.checkpoint is not None:
+        use_run_features(method, model.checkpoint)
     dataset = settings.dataset or config["dataset"]
     settings.prepare(method, config)
     # Everything the result depends on (the episodes per batch does not: see EPISODE_BLOCK).
-    record = {"checkpoint": str(checkpoint), "checkpoint_sha256": file_sha256(checkpoint)}
-    method_settings = {key: config[key] for key in METHOD_SETTINGS if key in config}
-    record.update(json.loads(json.dumps(method_settings)))  # as the JSON file reads back
+    record = model_record(model)
     record.update(dataset=dataset, split=settings.split)
     label = dataset
     if dataset == FOLDER:  # which folder: two of them give two results
         root = Path(settings.evaluated_root(config)).resolve()
         record["data_root"], label = str(root), f"folder-{root.name}"
     record.update(
-        classifier=settings.classifier,
+        classifier=settings.classifier_name(model),
         classifier_options=settings.classifier_options,
         # A query's prediction depends on the others: a transductive classifier, or the MAML
         # family's BatchNorm on each episode's queries.
@@ -585,11 +715,16 @@ def run_eval(settings: EvalSettings) -> EvalResult:
         record.update(varied=True, max_way=settings.shape.max_way)
         record.update(max_support=settings.max_support)
     # Before the work: a result of other settings is kept unless --overwrite.
-    path = settings.result_path(checkpoint, label, record)
+    path = settings.result_path(model, label, record)
     out = prepare_output(path, settings.overwrite, json_differences(result_identity(record)))
     saved = settings.save_episodes and prepare_output(settings.save_episodes, settings.overwrite)
+    if saved and saved.resolve() == out.resolve():
+        raise FewshotError(
+            f"--save-episodes {settings.save_episodes} is the result's path too: name another "
+            "file (one would replace the other)"
+        )
     settings.check_method(method)
-    [split] = settings.episode_splits(dataset, [(config, checkpoint)])
+    [split] = settings.episode_splits(dataset, [(config, model.label)])
     record["cache"] = cache = settings.cache_for(method, len(split.labels))
     note = settings.cache_note(method, len(split.labels))
     if note:
@@ -613,6 +748,11 @@ def run_eval(settings: EvalSettings) -> EvalResult:
     return result
 
 
+def kept_features(method: Method) -> bool:
+    """Whether `method` keeps its frozen backbone's features on disk (a feature cache)."""
+    return method.caches and getattr(method, "feature_cache", None) is not None
+
+
 def use_run_features(method: Method, checkpoint: Path) -> None:
     """A frozen backbone's run: its evaluation cache reads (and adds to) the run folder's
     feature cache, where that folder can be written."""
@@ -632,8 +772,10 @@ def write_episodes(
     out: Path,
 ) -> None:
     """Every evaluated episode (`episode_records`) with what reads its images back: the data
-    set, split, data root and geometry, the class names and the result."""
-    keys = ("checkpoint", "dataset", "split", "way", "shot", "query", "seed", "accuracy", "ci95")
+    set, split, data root and the geometry it was read at (a folder's), its fingerprint, the
+    class names and the result."""
+    keys = ("checkpoint", "backbone", "dataset", "split", "way", "shot", "query", "seed")
+    keys += ("accuracy", "ci95", "dataset_fingerprint")
     root = record.get("data_root") or str(resolve_data_root(settings.data_root).resolve())
     files = None
     if record["dataset"] == FOLDER:  # the split's image files, in the order it was read
@@ -641,8 +783,11 @@ def write_episodes(
     episodes = episode_records(
         method, split, settings.shape, settings.episodes, settings.seed, device, files
     )
-    data = {"data_root": root, "resize": settings.resize, "channels": settings.channels}
-    saved = {key: record[key] for key in keys} | data | {"class_names": split.class_names}
+    folder = record["dataset"] == FOLDER
+    data = {"data_root": root, "resize": split.image_size if folder else None}
+    data["channels"] = split.channels if folder else None
+    saved = {key: record[key] for key in keys if key in record}
+    saved |= data | {"class_names": split.class_names}
     atomic_write_json({**saved, "episodes": episodes}, out)
 
 

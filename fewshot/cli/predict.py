@@ -24,18 +24,14 @@ from fewshot.datasets.folder import Listing, decode_listing, first_image, list_c
 from fewshot.methods.test_time_finetune import PMF
 from fewshot.runtime.device import device_setting, resolve_device
 from fewshot.runtime.errors import FewshotError
-from fewshot.runtime.io import (
-    atomic_write_json,
-    atomic_write_text,
-    file_sha256,
-    prepare_output,
-)
-from fewshot.runtime.settings import Command, SettingError, setting
-from fewshot.training.checkpoint import (
-    as_trained,
-    checkpoint_file,
-    load_trained,
-    polarity_mismatch,
+from fewshot.runtime.io import atomic_write_json, atomic_write_text, prepare_output
+from fewshot.runtime.settings import Command, SettingError, refuse_unused, setting
+from fewshot.training.checkpoint import as_trained, polarity_mismatch
+from fewshot.training.model_source import (
+    DEFAULT_CLASSIFIER,
+    Model,
+    checkpoint_model,
+    frozen_model,
 )
 
 OUT_SUFFIXES = (".csv", ".json")
@@ -93,8 +89,20 @@ class Prediction:
 class PredictSettings(ModelSettings):
     """`fewshot predict`: a checkpoint, a support folder and query images."""
 
-    checkpoint: str = setting(
-        help="a .pt file written by fewshot train or pretrain (or its run folder)"
+    checkpoint: str | None = setting(
+        None, help="a .pt file written by fewshot train or pretrain (or its run folder)"
+    )
+    backbone: str | None = setting(
+        None,
+        help="instead of --checkpoint, a frozen backbone with no training: conv4, resnet12 "
+        "(with --backbone-weights FILE), timm:NAME or torchvision:NAME, classified by "
+        f"--classifier (default {DEFAULT_CLASSIFIER})",
+    )
+    resize: int | None = setting(
+        None,
+        help="a frozen backbone's input side: every image resized to N x N (default: the side "
+        "a timm:/torchvision: backbone was made for, else the first support image's)",
+        low=1,
     )
     support: str = setting(help="folder of class folders: the labelled images, as many per class")
     query: list[str] = setting(help="image files or folders of them to classify")
@@ -109,7 +117,29 @@ class PredictSettings(ModelSettings):
     batch_size: int = setting(256, help="query images per forward pass", low=1)
     device: str = device_setting()
 
+    @property
+    def backbones(self) -> list[str]:
+        """--backbone, where given."""
+        return [self.backbone] if self.backbone else []
+
+    def model(self, support: Listing, device: torch.device) -> Model:
+        """The checkpoint's model, or the frozen backbone's for images like the support's
+        first (its channels; the side the backbone was made for, else --resize or the
+        image's)."""
+        if self.checkpoint is not None:
+            return checkpoint_model(self.checkpoint, device)
+        backbone = self.frozen(self.backbone)
+        _, (channels, width, height) = first_image(support)
+        side = self.resize or backbone.input_size() or max(width, height)
+        return frozen_model(backbone, None, None, (channels, side), device, self.amp)
+
     def __post_init__(self) -> None:
+        if self.checkpoint is None and self.backbone is None:
+            raise SettingError("checkpoint", "is required, or --backbone for a frozen backbone")
+        if self.checkpoint is not None and self.backbone is not None:
+            raise SettingError("backbone", "and --checkpoint both name the model: give one")
+        if self.backbone is None:
+            refuse_unused(self, ["resize"], "a checkpoint (it reads images at its own size)")
         super().__post_init__()
         if self.out is not None and Path(self.out).suffix not in OUT_SUFFIXES:
             raise SettingError("out", f"must end in {' or '.join(OUT_SUFFIXES)}, got {self.out!r}")
@@ -127,25 +157,26 @@ class PredictSettings(ModelSettings):
             )
 
 
-def read_images(listing: Listing, config: dict, path: Path, what: str) -> ImageSplit:
-    """A listing's images at the geometry of the model of checkpoint `path` (settings
-    `config`), normalised as its training images; resizing or converting said once."""
+def read_images(listing: Listing, model: Model, what: str) -> ImageSplit:
+    """A listing's images at the geometry of `model`, normalised as its training images;
+    resizing or converting said once."""
+    config = model.config
     channels, side = config["in_channels"], config["image_size"]
     first, (have, width, height) = first_image(listing)
     if have != channels or (width, height) != (side, side):
         print(
             f"{what}: images such as {first} ({have}x{width}x{height}) are read as "
-            f"{channels}x{side}x{side}, the geometry of {path}"
+            f"{channels}x{side}x{side}, the geometry of {model.label}"
         )
-    return as_trained(config, decode_listing(listing, channels, side, True, True), path)
+    return as_trained(config, decode_listing(listing, channels, side, True, True), model.label)
 
 
-def reads_negatives(settings: PredictSettings, config: dict, support: ImageSplit) -> bool:
+def reads_negatives(settings: PredictSettings, model: Model, support: ImageSplit) -> bool:
     """--invert or --no-invert as given; by default no, and a support that looks like the
     negatives of the model's training images is refused: its predictions would be noise."""
     if settings.invert is not None:
         return settings.invert
-    mismatch = polarity_mismatch(config, support, settings.checkpoint)
+    mismatch = polarity_mismatch(model.config, support, model.label)
     if mismatch:
         raise FewshotError(
             f"{settings.support}: {mismatch}: --invert reads them as negatives (--no-invert: "
@@ -160,13 +191,14 @@ def negative(images: ImageSplit) -> ImageSplit:
 
 
 def run_predict(settings: PredictSettings) -> Prediction:
-    """`fewshot predict`: load a checkpoint and the images, classify, print and write."""
+    """`fewshot predict`: load a checkpoint (or a frozen backbone) and the images, classify,
+    print and write."""
     device = resolve_device(settings.device)
-    checkpoint = checkpoint_file(settings.checkpoint)
     out = prepare_output(settings.out, settings.overwrite) if settings.out else None
-    method, config = load_trained(checkpoint, device)
-    settings.prepare(method, config)
     support_listing = list_classes(Path(settings.support))
+    model = settings.model(support_listing, device)
+    method, config = model.method, model.config
+    settings.prepare(method, config)
     counts = {name: len(paths) for name, paths in support_listing.classes.items()}
     if len(counts) < 2:
         raise FewshotError(
@@ -177,9 +209,11 @@ def run_predict(settings: PredictSettings) -> Prediction:
     shots = set(counts.values())
     method.check_shot(shots.pop() if len(shots) == 1 else None)  # None: unequal counts
     query_listing = list_images([Path(p) for p in settings.query])
-    support = read_images(support_listing, config, checkpoint, "support")
-    query = read_images(query_listing, config, checkpoint, "query")
-    if reads_negatives(settings, config, support):
+    support = read_images(support_listing, model, "support")
+    if "mean" not in config:  # a frozen backbone without constants: the support's, for both
+        config.update(mean=list(support.mean), std=list(support.std))
+    query = read_images(query_listing, model, "query")
+    if reads_negatives(settings, model, support):
         print("support and query: read as negatives (--invert)")
         support, query = negative(support), negative(query)
     everything = torch.arange(len(support.labels))
@@ -200,19 +234,18 @@ def run_predict(settings: PredictSettings) -> Prediction:
         print("transductive: each query's scores also depend on the other queries")
     print("\n".join(result.summary()))
     if out is not None:
-        write_prediction(result, out, checkpoint)
+        write_prediction(result, out, model)
         print(f"predictions in {settings.out}")
     return result
 
 
-def write_prediction(result: Prediction, out: Path, checkpoint: Path) -> None:
-    """The predictions as CSV, or as JSON with what made them."""
+def write_prediction(result: Prediction, out: Path, model: Model) -> None:
+    """The predictions as CSV, or as JSON with what made them (the model's identity)."""
     if out.suffix == ".csv":
         atomic_write_text(result.csv(), out)
         return
     record = {
-        "checkpoint": str(checkpoint),
-        "checkpoint_sha256": file_sha256(checkpoint),
+        **model.identity,
         "classes": result.classes,
         "score": result.score_name,
         "transductive": result.transductive,

@@ -236,28 +236,49 @@ def first_misfit(state: dict[str, torch.Tensor], want: dict[str, torch.Size]) ->
 
 
 def backbone_weights(settings: RunSettings, geometry: tuple[int, int]) -> dict[str, torch.Tensor]:
-    """The state dict of --backbone-weights keyed as the run's backbone, refused in one line
-    naming the file when it cannot be read safely, holds anything but named tensors, does not
-    fit the backbone (the first mismatching key) or holds non-finite weights."""
-    path = settings.backbone_weights
+    """The state dict of --backbone-weights keyed as the run's backbone (`read_weights`)."""
+    return read_weights(
+        settings.backbone_weights,
+        settings.backbone,
+        settings.backbone_options,
+        geometry,
+        backbone_shapes(settings, geometry),
+    )
+
+
+def read_weights(
+    path: str | Path,
+    name: str,
+    options: dict,
+    geometry: tuple[int, int],
+    want: dict[str, torch.Size],
+) -> dict[str, torch.Tensor]:
+    """The state dict file of --backbone-weights keyed as backbone `name` (of weight shapes
+    `want`), refused in one line naming the file when it cannot be read safely, is a fewshot
+    checkpoint, holds anything but named tensors, does not fit the backbone (the first
+    mismatching key) or holds non-finite weights."""
     try:
         state = load_checkpoint(path)
     except FewshotError as e:
         raise FewshotError(f"--backbone-weights: {e}") from None
+    if "config" in state and "model" in state:
+        raise FewshotError(
+            f"--backbone-weights {path} is a fewshot checkpoint, not a backbone's state dict: "
+            "evaluate it with --checkpoint"
+        )
     wrong = next((k for k, v in state.items() if not isinstance(v, torch.Tensor)), None)
     if wrong is not None:
         raise FewshotError(
             f"--backbone-weights {path} is not a state dict: its entry {wrong!r} is not a tensor"
         )
-    want = backbone_shapes(settings, geometry)
-    if library_name(settings.backbone):  # the library model's keys, classifier left out
+    if library_name(name):  # the library model's keys, classifier left out
         with torch.device("meta"):
-            built = build_backbone(settings.backbone, *geometry, **settings.backbone_options)
+            built = build_backbone(name, *geometry, **options)
         state = built.weight_keys(state)
     misfit = first_misfit(state, want)
     if misfit is not None:
         raise FewshotError(
-            f"--backbone-weights {path} does not fit --backbone {settings.backbone}: first "
+            f"--backbone-weights {path} does not fit --backbone {name}: first "
             f"mismatching key {misfit.removeprefix('model.')!r} ({shape_text(state.get(misfit))}"
             f" in the file, {shape_text(want.get(misfit))} here)"
         )
