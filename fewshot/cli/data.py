@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from fewshot.datasets import resolve_data_root
 from fewshot.datasets.bscd import SETS, arrange
 from fewshot.datasets.fetch import DATASETS, fetch
 from fewshot.runtime.errors import FewshotError
-from fewshot.runtime.settings import Command, check_fields, setting
+from fewshot.runtime.settings import Command, SettingError, check_fields, setting
 
 
 @dataclass(frozen=True)
@@ -48,10 +49,25 @@ class ArrangeSettings:
 
     set: str = setting(help="BSCD-FSL target set", choices=lambda: list(SETS), positional=True)
     source: str = setting(help="the unpacked download", positional=True)
-    out: str = setting(help="new folder data set to make (OUT/test/<class>/, links)")
+    out: str = setting(
+        help="new folder data set to make (OUT/test/<class>/, links): a new or empty folder, "
+        "outside the download"
+    )
 
     def __post_init__(self) -> None:
         check_fields(self)
+        out = Path(self.out)
+        # Resolved: the download spelled another way (a link, `..`) is still the download.
+        if out.resolve().is_relative_to(Path(self.source).resolve()):
+            raise SettingError(
+                "out", f"{self.out} is inside the download {self.source}: name a folder outside it"
+            )
+        if os.path.lexists(out) and (out.is_symlink() or not out.is_dir() or any(out.iterdir())):
+            raise SettingError(
+                "out",
+                f"{self.out} exists and is not an empty folder: arrange into a new folder "
+                "(nothing was changed)",
+            )
 
 
 def run_arrange(settings: ArrangeSettings) -> None:
