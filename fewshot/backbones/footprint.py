@@ -19,7 +19,8 @@ def activation_elements(backbone: nn.Module) -> tuple[int, int]:
         m.register_forward_hook(lambda _m, _i, out: sizes.append(out.numel() // 2)) for m in leaves
     ]
     was_training = backbone.training
-    parameter = next(backbone.parameters())
+    # A backbone of no weights (a module given from Python) runs in float32 on the CPU.
+    parameter = next(backbone.parameters(), torch.zeros(0))
     side = backbone.image_size
     blank = torch.zeros(2, backbone.in_channels, side, side, dtype=parameter.dtype)
     try:

@@ -11,6 +11,7 @@ pretrained model with no classifier of its own: nearest centroid unless `--class
 from __future__ import annotations
 
 import contextlib
+import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -235,6 +236,12 @@ def frozen_model(
     return Model(method, config, backbone.label, backbone.identity(built))
 
 
+def module_device(module: nn.Module) -> torch.device:
+    """The device of a module's first parameter or buffer (the CPU for a module of none)."""
+    first = next(itertools.chain(module.parameters(), module.buffers()), None)
+    return first.device if first is not None else torch.device("cpu")
+
+
 class GivenModule(nn.Module):
     """An nn.Module from Python as a backbone: images [B, C, H, W] of one geometry -> flat
     features [B, out_dim], with the attributes the library's backbones have."""
@@ -249,7 +256,7 @@ class GivenModule(nn.Module):
     def _feature_dim(self) -> int:
         """The feature length, from two blank images; one line naming the module when it
         cannot take such images or does not return a tensor [B, ...] of them."""
-        side, device = self.image_size, next(self.module.parameters()).device
+        side, device = self.image_size, module_device(self.module)
         blank = torch.zeros(2, self.in_channels, side, side, device=device)
         try:
             features = self.module(blank)
