@@ -5,18 +5,28 @@ is read. Small models without weights on tiny images; nothing is downloaded."""
 
 from __future__ import annotations
 
+import io
+import socket
 import sys
+import time
+import urllib.error
+import urllib.request
 from dataclasses import replace
+from pathlib import Path
+from urllib.parse import urlsplit
 
+import huggingface_hub.constants
 import pytest
 import timm
 import torch
+import torchvision
 from test_folder import split_folders
 from trainers import make_trainer
 
 from fewshot.backbones import build_backbone
 from fewshot.cli.main import main
 from fewshot.datasets import load_split
+from fewshot.runtime.errors import FewshotError
 from fewshot.training.checkpoint import load_trained
 from fewshot.training.settings import TrainSettings
 
@@ -193,6 +203,67 @@ def test_a_file_that_would_run_code_is_not_loaded(tmp_path, capsys):
     torch.save({"w": torch.nn.Linear(1, 1)}, hostile)  # a pickled module, not plain tensors
     err = refused(["--backbone", "timm:resnet10t", "--backbone-weights", str(hostile)], capsys)
     assert "--backbone-weights: cannot read checkpoint" in err and "could run code" in err
+
+
+@pytest.fixture
+def no_network(tmp_path, monkeypatch) -> list:
+    """No host answers (what this machine has anyway: the probe is stubbed so that no test
+    touches a network); the libraries' caches empty. The hosts probed, in order."""
+    probed = []
+
+    def unreachable(address, *args, **kwargs):
+        probed.append(address[0])
+        raise OSError(101, "Network is unreachable")
+
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    monkeypatch.setattr(urllib.request, "getproxies", dict)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+    return probed
+
+
+@pytest.mark.parametrize(
+    ("backbone", "host"),
+    [("timm:resnet10t", "huggingface.co"), ("torchvision:resnet18", "download.pytorch.org")],
+)
+def test_pretrained_weights_without_a_network_are_one_line_naming_backbone_weights(
+    backbone, host, no_network, tmp_path, capsys
+):
+    argv = ["--backbone", backbone, "--backbone-options", '{"pretrained": true}']
+    argv += ["--way", "3", "--shot", "1", "--query", "2", "--val-query", "2", "--epochs", "1"]
+    started = time.monotonic()
+    err = refused([*argv, "--out", str(tmp_path / "run")], capsys)
+    assert err.endswith(
+        f"'{backbone}' with pretrained: true cannot fetch the library's weights (no connection "
+        f"to {host}): download them where there is a network and pass the file with "
+        "--backbone-weights FILE"
+    )
+    assert no_network == [host]  # asked once, before the library's retries
+    assert time.monotonic() - started < 30  # timm's hub retried for about a minute
+    assert huggingface_hub.constants.HF_HUB_OFFLINE is False  # put back
+
+
+def test_weights_the_library_holds_are_read_without_a_network(no_network, tmp_path):
+    torch.manual_seed(0)
+    held = torchvision.models.resnet18().state_dict()
+    name = Path(urlsplit(torchvision.models.ResNet18_Weights.DEFAULT.url).path).name
+    (tmp_path / "torch" / "hub" / "checkpoints").mkdir(parents=True)
+    torch.save(held, tmp_path / "torch" / "hub" / "checkpoints" / name)
+    backbone = build_backbone("torchvision:resnet18", 3, 32, pretrained=True)
+    assert torch.equal(backbone.model.conv1.weight, held["conv1.weight"])
+
+
+def test_a_fetch_that_fails_online_is_one_line_with_its_cause(monkeypatch, tmp_path):
+    # The host answers (a connection that is closed at once), the download then fails.
+    monkeypatch.setattr(socket, "create_connection", lambda *args, **kwargs: io.BytesIO())
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch"))
+
+    def refused_download(*args, **kwargs):
+        raise urllib.error.URLError("the proxy refused it")
+
+    monkeypatch.setattr(torch.hub, "urlopen", refused_download)
+    with pytest.raises(FewshotError, match=r"weights \(<urlopen error the proxy refused it>\)"):
+        build_backbone("torchvision:resnet18", 3, 32, pretrained=True)
 
 
 # ---------------------------------------------------------------- training

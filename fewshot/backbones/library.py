@@ -8,18 +8,26 @@ dependency (`pip install 'fewshot[timm]'`), imported only when such a name is as
 
 from __future__ import annotations
 
+import contextlib
 import difflib
+import os
+import socket
+import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
+from urllib.parse import urlsplit
 
 import torch
 from torch import nn
 
 from fewshot.backbones.arguments import require_bool, require_images, require_int
-from fewshot.runtime.errors import summary
+from fewshot.runtime.errors import FewshotError, summary
 
 LIBRARIES = ("timm", "torchvision")
+# Seconds a connection to the weights' host may take before the network counts as absent.
+PROBE_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True)
@@ -108,6 +116,75 @@ def model_input(name: str, options: dict[str, Any] | None = None) -> ModelInput 
     return ModelInput(transforms.crop_size[0], tuple(transforms.mean), tuple(transforms.std))
 
 
+def _weights_source(module: ModuleType, library: str, model: str) -> tuple[str, bool] | None:
+    """Where the library fetches the model's pretrained weights from: (URL, True) for timm's
+    Hugging Face hub, (URL, False) for a file URL (torch.hub's cache); None where it names
+    none (the library then says so itself)."""
+    if library == "timm":
+        config = module.models.get_pretrained_cfg(model)
+        if config is not None and config.hf_hub_id:
+            from huggingface_hub import constants
+
+            return constants.ENDPOINT, True
+        return (config.url, False) if config is not None and config.url else None
+    try:
+        return module.models.get_model_weights(model).DEFAULT.url, False
+    except (ValueError, AttributeError):  # a model without published weights
+        return None
+
+
+def _reachable(url: str) -> bool:
+    """Whether the host of `url` takes a connection within PROBE_TIMEOUT seconds; through a
+    proxy (which the libraries use, and this probe cannot) it is taken to."""
+    if urllib.request.getproxies():
+        return True
+    parts = urlsplit(url)
+    port = parts.port or (80 if parts.scheme == "http" else 443)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=PROBE_TIMEOUT).close()
+    except OSError:
+        return False
+    return True
+
+
+def _in_torch_hub_cache(url: str) -> bool:
+    """Whether torch.hub already holds the file of `url` (it then reads it, fetching nothing)."""
+    name = os.path.basename(urlsplit(url).path)
+    return os.path.isfile(os.path.join(torch.hub.get_dir(), "checkpoints", name))
+
+
+def _unfetched(name: str, cause: str) -> FewshotError:
+    """The one line for weights that cannot be fetched: how to give them instead."""
+    return FewshotError(
+        f"{name!r} with pretrained: true cannot fetch the library's weights ({cause}): download "
+        "them where there is a network and pass the file with --backbone-weights FILE"
+    )
+
+
+@contextlib.contextmanager
+def _fetching(name: str, source: tuple[str, bool] | None) -> Iterator[None]:
+    """Around a build that fetches the library's weights: with no network, only weights the
+    library already holds are read (timm's hub told it is offline, so it fails at once rather
+    than after a minute of retries); a fetch that fails is one line naming
+    --backbone-weights."""
+    offline = source is not None and not _reachable(source[0])
+    absent = f"no connection to {urlsplit(source[0]).hostname}" if source else ""
+    if offline and not source[1] and not _in_torch_hub_cache(source[0]):
+        raise _unfetched(name, absent)  # before torch.hub prints "Downloading" and waits
+    hub = None
+    if offline and source[1]:
+        from huggingface_hub import constants as hub
+
+        was_offline, hub.HF_HUB_OFFLINE = hub.HF_HUB_OFFLINE, True
+    try:
+        yield
+    except OSError as e:  # urllib's URLError, the hub's errors (not in its cache), a full disk
+        raise _unfetched(name, absent if offline else summary(e)) from None
+    finally:
+        if hub is not None:
+            hub.HF_HUB_OFFLINE = was_offline
+
+
 def _timm_model(module: ModuleType, model: str, in_channels: int, fetch: bool, options: dict):
     """A timm model without its classifier (num_classes 0), and the classifier's name."""
     network = module.create_model(
@@ -138,7 +215,9 @@ class LibraryBackbone(nn.Module):
     features [B, out_dim].
 
     `pretrained` fetches the library's weights (network access; timm's tag in the name picks
-    which, torchvision takes its default weights); a build on the meta device fetches nothing.
+    which, torchvision takes its default weights; without a network, those the library holds
+    already, else one line naming --backbone-weights); a build on the meta device fetches
+    nothing.
     Other options go to `timm.create_model` or `torchvision.models.get_model`. A torchvision
     model takes grayscale images with the channel repeated three times; timm builds its first
     layer for `in_channels`. `model_input` is what the model was made for (None if unknown).
@@ -163,14 +242,21 @@ class LibraryBackbone(nn.Module):
         fetch = pretrained and torch.empty(0).device.type != "meta"
         self.name, self.in_channels, self.image_size = name, in_channels, image_size
         self.repeat = 1
+        fetching = (
+            _fetching(name, _weights_source(module, library, model))
+            if fetch
+            else contextlib.nullcontext()
+        )
         try:
             if library == "timm":
-                built = _timm_model(module, model, in_channels, fetch, options)
+                with fetching:
+                    built = _timm_model(module, model, in_channels, fetch, options)
             else:
                 if in_channels not in (1, 3):
                     raise ValueError(f"{name!r} takes 1 or 3 channels, got {in_channels}")
                 self.repeat = 3 // in_channels
-                built = _torchvision_model(module, name, model, image_size, fetch, options)
+                with fetching:
+                    built = _torchvision_model(module, name, model, image_size, fetch, options)
         except TypeError as e:  # an option the model's constructor does not take
             raise ValueError(f"{name!r} options {sorted(options)}: {summary(e)}") from None
         except AssertionError as e:  # a constructor's check of the size (torchvision's ViT)
