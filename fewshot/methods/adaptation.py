@@ -39,10 +39,10 @@ from fewshot.methods.batching import (
     replica,
     resolve_batching,
 )
-from fewshot.methods.resplit import Shot, embed_varied, resplit_episodes
+from fewshot.methods.resplit import Shot, embed_varied, query_accuracy, resplit_episodes
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.memory import MemoryTerm
-from fewshot.runtime.precision import autocast_dtype
+from fewshot.runtime.precision import autocast_dtype, precision_name
 from fewshot.runtime.settings import SettingError
 
 VARIANTS = ("maml", "fomaml", "anil", "imaml")
@@ -211,7 +211,8 @@ class AdaptationMethod(Method):
         """The bilevel problem of `problems` episodes: the inner loss is the sum of their
         support losses (each problem's gradient is its own; iMAML's with its proximal term
         unless `proximal` is False), the outer their mean query loss.
-        `record["accuracy"]` gets the query accuracy of each problem at the adapted weights.
+        `record["accuracy"]` gets the query accuracy of each problem at the adapted weights,
+        `record["logits"]` their logits.
         `module` and `vmapped` as in `_logits`."""
 
         def data(lam: Tree, batch: tuple, key: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -233,7 +234,8 @@ class AdaptationMethod(Method):
         def outer(theta: dict, lam: dict, batch: tuple) -> torch.Tensor:
             inputs, labels = data(lam, batch, "query")
             logits = self._logits(module, vmapped, theta, inputs)
-            record["accuracy"] = (logits.argmax(-1) == labels).float().mean(-1).detach()
+            record["logits"] = logits.detach()
+            record["accuracy"] = query_accuracy(record["logits"], labels)
             return F.cross_entropy(logits.flatten(0, 1), labels.repeat(problems))
 
         return Bilevel(inner, outer, self.inner_lr)
@@ -470,6 +472,7 @@ class AdaptationMethod(Method):
             )
             with torch.no_grad():
                 self._problem(problems, record, module, vmapped).outer_loss(theta, lam, val)
+            self._check_scores(record["logits"], chunk, self.variant == "anil")
             return record["accuracy"]
 
         return torch.cat(concurrently(part, len(inputs)))
@@ -506,6 +509,7 @@ class AdaptationMethod(Method):
         weights = {name: value[0] for name, value in theta.items()}
         if self.transductive:
             logits = self._run(lambda x: functional_call(module, weights, (x,)), query)
+            self._check_scores(logits, query, anil)
             return torch.softmax(logits.float(), dim=-1)
 
         def with_support(x: torch.Tensor) -> torch.Tensor:
@@ -518,7 +522,24 @@ class AdaptationMethod(Method):
         for chunk in query.split(batch):
             batches = torch.cat([flat.expand(len(chunk), *flat.shape), chunk[:, None]], dim=1)
             logits.append(self._run(vmap(with_support), batches))
+            self._check_scores(logits[-1], chunk, False)
         return torch.softmax(torch.cat(logits).float(), dim=-1)
+
+    def _check_scores(self, logits: torch.Tensor, inputs: torch.Tensor, embedded: bool) -> None:
+        """`check_scores` of test logits from `inputs`: images [..., C, H, W], or features
+        [..., d] if `embedded` (ANIL's); when their scale is not the cause, the inner
+        adaptation is (and the autocast's range, where the network runs in one)."""
+
+        def features() -> torch.Tensor:
+            if embedded:
+                return inputs
+            with torch.no_grad():
+                return self._run(self.backbone, inputs.reshape(-1, *inputs.shape[-3:]))
+
+        precision = precision_name(self.amp, logits.device.type)
+        amp = "" if precision == "float32" else f", or --amp off: it adapts in {precision}"
+        diverged = f"the inner adaptation diverged on them (fewer --inner-steps{amp})"
+        self.check_scores(logits, features, diverged)
 
 
 def adaptation_builder(variant: str):

@@ -3,6 +3,7 @@ accuracies. The trainer, the evaluator and the command line know only this inter
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import episode_images
 from fewshot.datasets.varied import VariedShape, index_shot
 from fewshot.methods.resplit import Shot
+from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.memory import MemoryTerm
 from fewshot.runtime.shapes import shape_fault
 from fewshot.runtime.signals import Stop
@@ -115,6 +117,24 @@ def class_labels(shots: list[int], device: torch.device) -> torch.Tensor:
     """The labels [sum(shots)] of images in class order, `shots[c]` of class c."""
     counts = torch.tensor(shots, device=device)
     return torch.arange(len(shots), device=device).repeat_interleave(counts)
+
+
+def scale_cause(features: torch.Tensor, diverged: str | None) -> str | None:
+    """The likely cause of non-finite scores from `features` [..., d]: their scale where it
+    overflows float32 in a squared distance or product of d dimensions, else `diverged` (None:
+    none to name)."""
+    largest = float(features.detach().abs().amax())
+    dim = features.shape[-1]
+    limit = math.sqrt(torch.finfo(torch.float32).max / dim)
+    if largest > limit:
+        return (
+            f"its features reach {largest:.3g} in magnitude, beyond {limit:.3g}, where squared "
+            f"distances and products over their {dim} dimensions overflow float32: its weights "
+            "are out of scale (rescale or retrain it)"
+        )
+    if diverged is None:
+        return None
+    return f"its features are at most {largest:.3g} in magnitude (no overflow): {diverged}"
 
 
 class Method(nn.Module):
@@ -226,6 +246,23 @@ class Method(nn.Module):
         """`predict`'s scores from the support [N, C, H, W] in class order, `shots[c]` images
         of class c."""
         raise NotImplementedError
+
+    def check_scores(
+        self, logits: torch.Tensor, features: Callable[[], torch.Tensor], diverged: str
+    ) -> None:
+        """Refuse test queries' logits [..., way] that hold inf or nan (argmax would rank them
+        without a word) in one line naming the model and the likely cause (`scale_cause` of
+        `features()`, computed then alone); one reduction. Only for a model loaded to be
+        evaluated or to predict (`source`): one in training is left to its loss's own check
+        (fewshot.training.trainer)."""
+        if self.source is None or bool(torch.isfinite(logits).all()):
+            return
+        bad = int((~torch.isfinite(logits)).flatten(0, -2).any(-1).sum())
+        raise FewshotError(
+            f"{self.source} gives non-finite scores (inf or nan) for {bad} of the "
+            f"{logits[..., 0].numel()} queries of a batch: {scale_cause(features(), diverged)}; "
+            "not classifying them"
+        )
 
     def solver(
         self,

@@ -30,9 +30,16 @@ from fewshot.methods.base import (
     check_episodes,
     class_labels,
     describe_scales,
+    scale_cause,
 )
 from fewshot.methods.feature_cache import FeatureCache, backbone_digest
-from fewshot.methods.resplit import Shot, embed_varied, episode_loss
+from fewshot.methods.resplit import (
+    Shot,
+    embed_varied,
+    episode_logits,
+    episode_loss,
+    query_accuracy,
+)
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.memory import MemoryTerm
 from fewshot.runtime.precision import autocast_dtype, precision_name
@@ -44,6 +51,8 @@ EMBED_BATCH = 512
 # (cosines alone are too flat for a softmax); the distance heads start at 1.
 INITIAL_SCALES = {"cosine": 10.0}
 BATCH_NORM_LAYERS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+# Why a test classifier's scores are non-finite when the features' scale is not the cause.
+CLASSIFIER_DIVERGED = "the classifier diverged on them (its options: --classifier-options)"
 
 
 @contextlib.contextmanager
@@ -206,7 +215,35 @@ class EmbeddingMethod(Method):
         """Query accuracy of each test episode, embedding its images."""
         check_episodes("EmbeddingMethod.accuracy", images, shot, self.backbone)
         embeddings = self.embed_episodes(images, shot)
-        return episode_loss(embeddings, self.head, self.scale, shot)[1]
+        return self.test_accuracy(embeddings, self.head, shot)
+
+    def checked(self, head: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+        """`head` for test queries, its logits checked (`check_scores`); for a loaded model
+        (`source`) a solver's failure on features of overflowing scale (ridge's factorisation,
+        the SVM's kernel) is refused in one line naming it and their scale too."""
+
+        def classify(query: torch.Tensor, support: torch.Tensor, *rest, **options) -> torch.Tensor:
+            def features() -> torch.Tensor:
+                return torch.cat([query.flatten(0, -2), support.flatten(0, -2)])
+
+            try:
+                logits = head(query, support, *rest, **options)
+            except (FewshotError, torch.linalg.LinAlgError):
+                cause = None if self.source is None else scale_cause(features(), None)
+                if cause is None:
+                    raise  # not the features' scale: the solver's own refusal says more
+                raise FewshotError(f"{self.source} cannot classify a batch: {cause}") from None
+            self.check_scores(logits, features, CLASSIFIER_DIVERGED)
+            return logits
+
+        return classify
+
+    def test_accuracy(
+        self, embeddings: torch.Tensor, head: Callable[..., torch.Tensor], shot: Shot
+    ) -> torch.Tensor:
+        """Query accuracy of each test episode from its embeddings [B, way, pool, d] by
+        `head`, its logits checked (`checked`)."""
+        return query_accuracy(*episode_logits(embeddings, self.checked(head), self.scale, shot))
 
     @property
     def transductive(self) -> bool:
@@ -233,7 +270,7 @@ class EmbeddingMethod(Method):
         With `episode_statistics`, the support and then all the queries are one batch each."""
         way, shot = len(shots), (shots[0] if len(set(shots)) == 1 else None)
         labels = class_labels(shots, support.device)[None]
-        head = self.head if episode is None else self.episode_head(episode[None])
+        head = self.checked(self.head if episode is None else self.episode_head(episode[None]))
         own = self.episode_statistics
         with own_statistics(self.statistics_scope()) if own else contextlib.nullcontext():
             features = self.embed(support)[None]
@@ -370,7 +407,7 @@ class EmbeddingMethod(Method):
                 embeddings = self.embed_episodes(episode_images(split, index, device), shots)
             else:
                 embeddings = features[index.clamp(min=0).to(device)]
-            return episode_loss(embeddings, self.episode_head(index), self.scale, shots)[1]
+            return self.test_accuracy(embeddings, self.episode_head(index), shots)
 
         return solve
 
@@ -397,7 +434,7 @@ class EmbeddingMethod(Method):
                     ]
                     embeddings = torch.cat(embedded, dim=1)[None]
                     head = self.episode_head(one)
-                    accuracies.append(episode_loss(embeddings, head, self.scale, shot)[1])
+                    accuracies.append(self.test_accuracy(embeddings, head, shot))
             return torch.cat(accuracies)
 
         return solve

@@ -218,19 +218,37 @@ def episode_loss(
 
     embeddings: [B, way, pool, d] with the first `shot` of each class as the original support.
     """
-    way = embeddings.shape[1]
-    query, support, support_labels, query_labels = resplit_episodes(embeddings, perm, shot)
-    head_shot = shot if isinstance(shot, int) else None
-    logits = scale * head(query, support, support_labels, way, head_shot)
+    logits, query_labels = episode_logits(embeddings, head, scale, shot, perm)
     if loss == "mse":
-        targets = F.one_hot(query_labels, way).to(logits.dtype)
+        targets = F.one_hot(query_labels, logits.shape[-1]).to(logits.dtype)
         value = F.mse_loss(torch.sigmoid(logits), targets)
     else:
         value = F.cross_entropy(
             logits.flatten(0, 1), query_labels.flatten(), label_smoothing=label_smoothing
         )
-    accuracy = (logits.argmax(-1) == query_labels).float().mean(-1)
-    return value, accuracy
+    return value, query_accuracy(logits, query_labels)
+
+
+def episode_logits(
+    embeddings: torch.Tensor,
+    head: Head,
+    scale: torch.Tensor,
+    shot: Shot,
+    perm: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scaled query logits [U*B, nq, way] of the head problems of the re-splits `perm`
+    (None: the original split only) of embeddings [B, way, pool, d], and the queries' labels
+    [U*B, nq]."""
+    way = embeddings.shape[1]
+    query, support, support_labels, query_labels = resplit_episodes(embeddings, perm, shot)
+    head_shot = shot if isinstance(shot, int) else None
+    return scale * head(query, support, support_labels, way, head_shot), query_labels
+
+
+def query_accuracy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The query accuracy [P] of each of P problems from its logits [P, nq, way] and labels
+    [P, nq]."""
+    return (logits.argmax(-1) == labels).float().mean(-1)
 
 
 def reembedding_gradients(

@@ -30,7 +30,7 @@ from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.varied import VariedShape, index_shot
 from fewshot.methods.base import EpisodeSolver
 from fewshot.methods.embedding import EmbeddingMethod, episode_seeds
-from fewshot.methods.resplit import Shot, episode_loss
+from fewshot.methods.resplit import Shot
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.memory import MemoryTerm
 from fewshot.runtime.precision import autocast_dtype, precision_name
@@ -212,7 +212,7 @@ class PmfAdapter:
         with torch.no_grad():
             features = self.embedder(weights)(images.flatten(1, 2))
             embeddings = features.view(*images.shape[:3], -1)
-            return episode_loss(embeddings, self.model.head, self.model.scale, shot)[1]
+            return self.model.test_accuracy(embeddings, self.model.head, shot)
 
     def fit(
         self,
