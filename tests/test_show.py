@@ -161,3 +161,161 @@ def test_show_refuses_a_file_that_is_not_saved_episodes(tmp_path, capsys, text, 
     assert main(["show", str(other), "--out", str(tmp_path / "x.png")]) == 2
     err = capsys.readouterr().err
     assert message in err and str(other) in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.fixture(scope="module")
+def intact(tmp_path_factory) -> dict:
+    """A saved-episodes file of 3 seeded 5-way 1-shot episodes with 3 queries per class, as
+    `fewshot eval --save-episodes` wrote it (parsed)."""
+    return saved_episodes(tmp_path_factory.mktemp("intact"), PROTONET, "--episodes", "3")["saved"]
+
+
+def other_class_image(saved: dict) -> int:
+    """The split index of an image of episode 0's class 1: of another class than its class 0."""
+    return saved["episodes"][0]["support"][1][0]
+
+
+def set_in(saved: dict, *path_and_value) -> None:
+    """Replace the value at a path of keys and positions (the last argument is the value)."""
+    *path, key, value = path_and_value
+    for step in path:
+        saved = saved[step]
+    saved[key] = value
+
+
+def delete(saved: dict, *path) -> None:
+    """Delete the value at a path of keys and positions."""
+    *path, key = path
+    for step in path:
+        saved = saved[step]
+    del saved[key]
+
+
+# Each case damages one thing of an intact file (a function of the parsed file) and gives the
+# line's text after the file's path: every check in the order read_saved and run_show make them.
+DAMAGED = {
+    "no class names": (
+        lambda s: delete(s, "class_names"),
+        " is not a file of fewshot eval --save-episodes (no 'class_names')",
+    ),
+    "dataset not a string": (
+        lambda s: set_in(s, "dataset", 5),
+        " is damaged: 'dataset' must be a string, got 5",
+    ),
+    "resize a string": (
+        lambda s: set_in(s, "resize", "28"),
+        " is damaged: 'resize' must be a positive integer or null, got \"28\"",
+    ),
+    "class names not strings": (
+        lambda s: set_in(s, "class_names", 0, 7),
+        " is damaged: 'class_names' must be a non-empty list of strings",
+    ),
+    "episodes an object": (
+        lambda s: set_in(s, "episodes", {"0": {}}),
+        " is damaged: 'episodes' must be a non-empty list of episodes",
+    ),
+    "no episodes": (
+        lambda s: set_in(s, "episodes", []),
+        " is damaged: 'episodes' must be a non-empty list of episodes",
+    ),
+    "episode a list": (
+        lambda s: set_in(s, "episodes", 1, [1, 2]),
+        " is damaged: episode 1 must be an object, not a list",
+    ),
+    "episode without queries": (
+        lambda s: delete(s, "episodes", 2, "query"),
+        " is damaged: episode 2 has no 'query'",
+    ),
+    "class beyond the names": (
+        lambda s: set_in(s, "episodes", 0, "classes", 4, len(s["class_names"])),
+        " is damaged: episode 0 'classes' must be a non-empty list of class numbers 0 to "
+        "1691 ('class_names')",
+    ),
+    "class a bool": (
+        lambda s: set_in(s, "episodes", 0, "classes", 0, True),
+        " is damaged: episode 0 'classes' must be a non-empty list of class numbers 0 to "
+        "1691 ('class_names')",
+    ),
+    "a class's support missing": (
+        lambda s: s["episodes"][1]["support"].pop(),
+        " is damaged: episode 1 'support' must be 5 lists of one or more image indices",
+    ),
+    "an empty support": (
+        lambda s: set_in(s, "episodes", 1, "support", 2, []),
+        " is damaged: episode 1 'support' must be 5 lists of one or more image indices",
+    ),
+    "a negative index": (
+        lambda s: set_in(s, "episodes", 1, "support", 2, 0, -1),
+        " is damaged: episode 1 'support' must be 5 lists of one or more image indices",
+    ),
+    "an index as text": (
+        lambda s: set_in(s, "episodes", 2, "query", 3, 0, "12"),
+        " is damaged: episode 2 'query' must be 5 lists of image indices",
+    ),
+    "an index as a float": (
+        lambda s: set_in(s, "episodes", 2, "query", 3, 0, 12.0),
+        " is damaged: episode 2 'query' must be 5 lists of image indices",
+    ),
+    "a prediction beyond the way": (
+        lambda s: set_in(s, "episodes", 0, "predicted", 1, 0, 5),
+        " is damaged: episode 0 'predicted' must be 5 lists of class positions 0 to 4, one "
+        "per query",
+    ),
+    "a prediction missing": (
+        lambda s: s["episodes"][0]["predicted"][1].pop(),
+        " is damaged: episode 0 'predicted' must be 5 lists of class positions 0 to 4, one "
+        "per query",
+    ),
+    "accuracy as text": (
+        lambda s: set_in(s, "episodes", 1, "accuracy", "high"),
+        " is damaged: episode 1 'accuracy' must be a number, got \"high\"",
+    ),
+    "accuracy a bool": (
+        lambda s: set_in(s, "episodes", 1, "accuracy", True),
+        " is damaged: episode 1 'accuracy' must be a number, got true",
+    ),
+    "accuracy beyond 1": (
+        lambda s: set_in(s, "episodes", 1, "accuracy", 1.5),
+        " is damaged: episode 1 'accuracy' must be between 0 and 1, got 1.5",
+    ),
+    "an index beyond the split": (
+        lambda s: set_in(s, "episodes", 2, "query", 4, 2, 10**9),
+        " does not match omniglot split 'test': episode 2 class 4 names image 1000000000, "
+        "beyond the 33840 images of the split",
+    ),
+    "an image of another class": (
+        lambda s: set_in(s, "episodes", 0, "query", 0, 1, other_class_image(s)),
+        " does not match omniglot split 'test': episode 0 class 0's image {image} is of class "
+        "{now!r} in the data now, the file records {recorded!r}: the data changed since it "
+        "was saved",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", DAMAGED)
+def test_show_refuses_a_damaged_episodes_file_in_one_line(case, intact, tmp_path, capsys):
+    """Every key show reads, damaged one at a time: one line naming the file and the fault,
+    exit 2, nothing drawn (never a KeyError, IndexError or TypeError)."""
+    damage, message = DAMAGED[case]
+    saved = json.loads(json.dumps(intact))
+    damage(saved)
+    path, out = tmp_path / "episodes.json", tmp_path / "drawn.png"
+    path.write_text(json.dumps(saved))
+    assert main(["show", str(path), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    names = intact["class_names"]
+    episode = intact["episodes"][0]
+    expected = message.format(
+        image=other_class_image(intact),
+        now=names[episode["classes"][1]],
+        recorded=names[episode["classes"][0]],
+    )
+    assert err == f"fewshot show: error: {path}{expected}"
+    assert not out.exists()
+
+
+def test_the_intact_file_the_damaged_cases_start_from_draws(intact, tmp_path):
+    path, out = tmp_path / "episodes.json", tmp_path / "drawn.png"
+    path.write_text(json.dumps(intact))
+    assert main(["show", str(path), "--out", str(out), "--episode", "0", "2"]) == 0
+    assert Image.open(out).size[1] > 0
