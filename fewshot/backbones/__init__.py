@@ -1,4 +1,8 @@
-"""Embedding networks: plain nn.Modules with an `out_dim` attribute."""
+"""Embedding networks: plain nn.Modules with an `out_dim` attribute.
+
+Another package's backbone joins by an entry point of the group `fewshot.backbones` naming its
+nn.Module class, constructed as cls(in_channels=C, image_size=S, **backbone_options).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,9 @@ from fewshot.backbones.conv4 import Conv4
 from fewshot.backbones.library import LibraryBackbone, library_name
 from fewshot.backbones.resnet12 import ResNet12
 from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.plugins import RegistryNames, described, require_signature
 
-BACKBONES = {"conv4": Conv4, "resnet12": ResNet12}
+BACKBONES: dict[str, type[nn.Module]] = {"conv4": Conv4, "resnet12": ResNet12}
 # Training settings a backbone starts from with a head (under a method's own, config files and
 # flags). ResNet-12's features are large: unnormalised squared distances made SGD 0.1 diverge
 # within 5 steps, so its ProtoNet divides them by the dimension, as MetaOptNet's does.
@@ -27,17 +32,45 @@ def training_defaults(name: str) -> dict[str, dict]:
     return LIBRARY_TRAINING_DEFAULTS if library_name(name) else TRAINING_DEFAULTS.get(name, {})
 
 
+def _adopt_backbone(name: str, plugin: object) -> None:
+    """Register a plug-in backbone; TypeError unless it is an nn.Module class constructed with
+    in_channels and image_size."""
+    if not (isinstance(plugin, type) and issubclass(plugin, nn.Module)):
+        raise TypeError(f"must name an nn.Module class, not {described(plugin)}")
+    require_signature(
+        plugin, "an nn.Module class taking in_channels and image_size", in_channels=1, image_size=1
+    )
+    BACKBONES[name] = plugin
+
+
+_NAMES = RegistryNames("fewshot.backbones", "backbone", BACKBONES.keys(), _adopt_backbone)
+
+
+def backbone_names() -> RegistryNames:
+    """The names of BACKBONES: `name in backbone_names()` also finds and registers a plug-in
+    backbone (entry point group `fewshot.backbones`)."""
+    return _NAMES
+
+
 def build_backbone(name: str, in_channels: int, image_size: int, **options) -> nn.Module:
     """Construct a backbone by name for images of `in_channels` x `image_size` x `image_size`:
-    one of BACKBONES, or a library's model as timm:NAME or torchvision:NAME (LibraryBackbone)."""
+    one of BACKBONES or a plug-in's, or a library's model as timm:NAME or torchvision:NAME
+    (LibraryBackbone)."""
     if library_name(name):
         return LibraryBackbone(name, in_channels=in_channels, image_size=image_size, **options)
-    if name not in BACKBONES:
+    if name not in _NAMES:
         raise FewshotError(
             f"unknown backbone {name!r}; choose from {', '.join(BACKBONES)}, timm:NAME or "
             "torchvision:NAME"
         )
-    return BACKBONES[name](in_channels=in_channels, image_size=image_size, **options)
+    built = BACKBONES[name](in_channels=in_channels, image_size=image_size, **options)
+    if not (isinstance(getattr(built, "out_dim", None), int) and built.out_dim > 0):
+        # A plug-in's: the methods and the memory estimates read the embedding's size.
+        raise FewshotError(f"backbone {name!r} has no out_dim attribute (a positive integer)")
+    # The geometry it was built for, which the memory estimates read (a plug-in need not
+    # keep it itself).
+    built.in_channels, built.image_size = in_channels, image_size
+    return built
 
 
 __all__ = [
@@ -46,6 +79,7 @@ __all__ = [
     "Conv4",
     "LibraryBackbone",
     "ResNet12",
+    "backbone_names",
     "build_backbone",
     "library_name",
     "training_defaults",

@@ -1,4 +1,8 @@
-"""Dataset readers: each returns an `ImageSplit` of uint8 images held in memory."""
+"""Dataset readers: each returns an `ImageSplit` of uint8 images held in memory.
+
+Another package's data set joins by an entry point of the group `fewshot.datasets` naming a
+`DatasetPlugin`: its reader and the geometry of its images.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ import os
 import zipfile
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +29,7 @@ from fewshot.datasets.folder import (
 )
 from fewshot.datasets.memmap import memmap_folder, read_memmap, write_memmap
 from fewshot.runtime.errors import FewshotError, summary
+from fewshot.runtime.plugins import RegistryNames, described, require_signature
 from fewshot.runtime.settings import SettingError, refuse_unused, setting
 
 Reader = Callable[[Path, str], ImageSplit]
@@ -31,9 +37,38 @@ Reader = Callable[[Path, str], ImageSplit]
 REPO_DATA = Path(__file__).resolve().parents[2] / "data"
 
 
-def dataset_names() -> list[str]:
-    """The names --dataset takes: the registered readers' and `folder` (your own images)."""
-    return sorted([*READERS, FOLDER])
+@dataclass(frozen=True)
+class DatasetPlugin:
+    """What a `fewshot.datasets` entry point names: a reader `(data_root, split) ->
+    ImageSplit` and the channels and side of the square images it gives (known before any is
+    read: the settings are checked against them)."""
+
+    reader: Reader
+    channels: int
+    image_size: int
+
+
+def _adopt_dataset(name: str, plugin: object) -> None:
+    """Register a plug-in data set; TypeError unless it is a DatasetPlugin of a reader and a
+    geometry of 1 or 3 channels."""
+    if not isinstance(plugin, DatasetPlugin):
+        raise TypeError(f"must name a fewshot.datasets.DatasetPlugin, not {described(plugin)}")
+    require_signature(plugin.reader, "a reader (data_root: Path, split: str)", REPO_DATA, "train")
+    sizes = (plugin.channels, plugin.image_size)
+    if plugin.channels not in (1, 3) or not (
+        isinstance(plugin.image_size, int) and 1 <= plugin.image_size <= MAX_SIDE
+    ):
+        raise TypeError(
+            f"must give 1 or 3 channels and an image side of 1 to {MAX_SIDE}, not {sizes}"
+        )
+    READERS[name], GEOMETRY[name] = plugin.reader, sizes
+
+
+def dataset_names() -> RegistryNames:
+    """The names --dataset takes: the registered readers', then `folder` (your own images);
+    `name in dataset_names()` also finds and registers a plug-in data set (entry point group
+    `fewshot.datasets`)."""
+    return _NAMES
 
 
 def resize_setting() -> Any:
@@ -87,8 +122,8 @@ def _folder_root(data_root: str | os.PathLike | None) -> Path:
 
 def _refuse_options(dataset: str, resize: int | None, channels: int | None) -> None:
     """Refuse an unknown dataset name, and resize or channels for a built-in dataset."""
-    if dataset not in READERS:
-        raise FewshotError(f"unknown dataset {dataset!r}; choose from {', '.join(dataset_names())}")
+    if dataset not in _NAMES or dataset == FOLDER:
+        raise FewshotError(f"unknown dataset {dataset!r}; choose from {', '.join(_NAMES)}")
     if resize is not None or channels is not None:
         channels_, side = GEOMETRY[dataset]
         raise FewshotError(
@@ -225,6 +260,9 @@ NORMALIZATION: dict[str, tuple[tuple[float, ...], tuple[float, ...]]] = {
 # own PNG files and of a scan): a model trained on one reads dark-on-light images only as
 # their negatives (`fewshot predict --invert`).
 LIGHT_ON_DARK: frozenset[str] = frozenset({"omniglot"})
+_NAMES = RegistryNames(
+    "fewshot.datasets", "data set", READERS.keys(), _adopt_dataset, extra=[FOLDER]
+)
 
 __all__ = [
     "FOLDER",
@@ -232,6 +270,7 @@ __all__ = [
     "LIGHT_ON_DARK",
     "NORMALIZATION",
     "READERS",
+    "DatasetPlugin",
     "ImageSplit",
     "Reader",
     "channels_setting",

@@ -5,6 +5,9 @@ The contract: head(query [B, nq, d], support [B, ns, d], support_labels [B, ns],
 exactly `shot` times (ns = way * shot). `shot=None`: unequal shots (Meta-Dataset's varied
 episodes), each class at least once in any counts, which may differ between the episodes of a
 batch (ns is their common sum); the heads then use each class's own count.
+
+Another package's head joins by an entry point of the group `fewshot.heads` naming such a
+function (`--head NAME`); once registered it is a test-time classifier too (CLASSIFIERS).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from fewshot.heads.ridge import ridge
 from fewshot.heads.svm import svm
 from fewshot.heads.transductive import bd_cspn, pt_map, tim
 from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.plugins import RegistryNames, require_signature
 
 Head = Callable[..., torch.Tensor]
 
@@ -80,9 +84,31 @@ def check_head(name: str, way: int, shot: int | None, options: dict) -> None:
     classifier(support[:, :1], support, labels, way, shot, **{**options, **quick})
 
 
+def _adopt_head(name: str, plugin: object) -> None:
+    """Register a plug-in head, trainable and a test-time classifier; TypeError unless it is a
+    function of (query, support, support_labels, way, shot)."""
+    if isinstance(plugin, type):  # a class takes the episode as its constructor's arguments
+        raise TypeError(f"must name a head function, not the class {plugin.__qualname__}")
+    episode = ("query", "support", "support_labels", "way", "shot")
+    require_signature(
+        plugin, "a head function (query, support, support_labels, way, shot, **options)", *episode
+    )
+    HEADS[name] = CLASSIFIERS[name] = plugin
+
+
+# A plug-in head is also a classifier: it may take no classifier's name either.
+_NAMES = RegistryNames("fewshot.heads", "head", HEADS.keys(), _adopt_head, taken=CLASSIFIERS.keys())
+
+
+def head_names() -> RegistryNames:
+    """The trainable heads' names (the settings' choices): `name in head_names()` also finds
+    and registers a plug-in head (entry point group `fewshot.heads`)."""
+    return _NAMES
+
+
 def get_head(name: str) -> Head:
-    """Return the head registered under name."""
-    if name not in HEADS:
+    """Return the head registered under name (a plug-in's registered first)."""
+    if name not in _NAMES:
         raise FewshotError(f"unknown head {name!r}; choose one of {', '.join(sorted(HEADS))}")
     return HEADS[name]
 
@@ -99,6 +125,7 @@ __all__ = [
     "cosine",
     "finetune",
     "get_head",
+    "head_names",
     "logistic",
     "protonet",
     "pt_map",

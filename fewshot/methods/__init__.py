@@ -2,12 +2,16 @@
 
 A method is registered under a name with a builder `(settings, **method_options) -> Method`,
 where `settings` is a run's settings as a dict (with the data's `in_channels` and `image_size`).
+Another package's method joins by an entry point of the group `fewshot.methods` naming its
+builder, or a `MethodPlugin` (its builder with the training defaults it starts from).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
+from fewshot.heads import head_names
 from fewshot.methods.adaptation import (
     MAML_TRAINING,
     VARIANTS,
@@ -19,6 +23,8 @@ from fewshot.methods.base import Method
 from fewshot.methods.embedding import EmbeddingMethod, build_embedding_method
 from fewshot.methods.matching import build_matching_method
 from fewshot.methods.relation import build_relation_method
+from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.plugins import RegistryNames, described, require_signature
 
 MethodBuilder = Callable[..., Method]
 
@@ -44,13 +50,43 @@ def register_method(
     UNUSED_SETTINGS[name] = frozenset(unused)
 
 
-def method_names() -> list[str]:
-    """The registered method names (for the settings' choices)."""
-    return list(METHODS)
+@dataclass(frozen=True)
+class MethodPlugin:
+    """What a `fewshot.methods` entry point names when its method starts from other training
+    settings than the general defaults: `register_method`'s arguments but the name."""
+
+    builder: MethodBuilder
+    training_defaults: dict = field(default_factory=dict)
+    unused: frozenset[str] = frozenset()
+
+
+def _adopt_method(name: str, plugin: object) -> None:
+    """Register a plug-in method: a builder `(settings, **method_options) -> Method`, or a
+    MethodPlugin; TypeError when it is neither."""
+    spec = plugin if isinstance(plugin, MethodPlugin) else MethodPlugin(plugin)
+    require_signature(spec.builder, "a builder (settings: dict, **method_options) -> Method", {})
+    if not isinstance(spec.training_defaults, dict):
+        raise TypeError(
+            f"training_defaults must be a dict, not {described(spec.training_defaults)}"
+        )
+    register_method(name, spec.builder, spec.training_defaults, frozenset(spec.unused))
+
+
+_NAMES = RegistryNames("fewshot.methods", "method", METHODS.keys(), _adopt_method)
+
+
+def method_names() -> RegistryNames:
+    """The method names (the settings' choices): `name in method_names()` also finds and
+    registers a plug-in method (entry point group `fewshot.methods`)."""
+    return _NAMES
 
 
 def build_method(settings: dict) -> Method:
-    """The method a run's settings describe (keys method, method_options and the method's own)."""
+    """The method a run's settings describe (keys method, method_options and the method's own);
+    a plug-in method or head named there is registered first."""
+    for names, key in ((_NAMES, "method"), (head_names(), "head")):
+        if key in settings and settings[key] not in names:
+            raise FewshotError(f"unknown {key} {settings[key]!r}; choose one of {', '.join(names)}")
     builder = METHODS[settings["method"]]
     return builder(settings, **settings["method_options"])
 
@@ -72,6 +108,8 @@ __all__ = [
     "AdaptationMethod",
     "EmbeddingMethod",
     "Method",
+    "MethodPlugin",
     "build_method",
+    "method_names",
     "register_method",
 ]

@@ -17,7 +17,7 @@ import json
 import math
 import types
 import typing
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,13 +43,14 @@ def setting(
     above: float | None = None,
     high: float | None = None,
     below: float | None = None,
-    choices: Sequence[str] | Callable[[], Iterable[str]] | None = None,
+    choices: Sequence[str] | Callable[[], Collection[str]] | None = None,
     default_factory: Callable[[], Any] | Any = dataclasses.MISSING,
     flag: bool = True,
     positional: bool = False,
 ) -> Any:
     """A dataclass field with its help text and allowed range (low <= v, above < v, v <= high,
-    v < below) or choices (a sequence, or a callable for registries filled at import).
+    v < below) or choices (a sequence, or a callable for registries filled at import: their
+    names, whose `in` may read plug-ins, see fewshot.runtime.plugins).
     `positional`: a command-line argument without a flag name."""
     metadata = {"help": help, "low": low, "above": above, "high": high, "below": below}
     metadata.update(choices=choices, flag=flag, positional=positional)
@@ -133,8 +134,12 @@ def check_range(key: str, value: Any, meta: dict) -> None:
             raise SettingError(key, f"must be {' and '.join(wanted)}, got {value!r}")
     choices = meta["choices"]
     if choices is not None and value is not None:
-        allowed = list(choices() if callable(choices) else choices)
-        if value not in allowed:
+        allowed = choices() if callable(choices) else choices
+        try:
+            known = value in allowed  # a registry's names: may load a plug-in of that name
+        except FewshotError as e:  # a plug-in it could not load
+            raise SettingError(key, f"{value}: {e}") from None
+        if not known:
             raise SettingError(key, f"must be one of {', '.join(map(str, allowed))}, got {value!r}")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 from dataclasses import asdict, dataclass, replace
@@ -10,7 +11,13 @@ from pathlib import Path
 
 import torch
 
-from fewshot.backbones import BACKBONES, build_backbone, library_name, training_defaults
+from fewshot.backbones import (
+    BACKBONES,
+    backbone_names,
+    build_backbone,
+    library_name,
+    training_defaults,
+)
 from fewshot.backbones.library import check_library_name, model_input
 from fewshot.datasets import (
     FOLDER,
@@ -32,7 +39,7 @@ from fewshot.datasets.varied import (
     check_varied_options,
     varied_shape,
 )
-from fewshot.heads import HEADS, check_head
+from fewshot.heads import HEADS, check_head, head_names
 from fewshot.methods import (
     METHODS,
     TRAINING_DEFAULTS,
@@ -85,7 +92,8 @@ class RunSettings:
     )
     backbone: str = setting(
         "conv4",
-        help=f"embedding network: {', '.join(BACKBONES)}, or a library's model by name, "
+        help=f"embedding network: {', '.join(BACKBONES)}, a plug-in's (entry points "
+        "fewshot.backbones), or a library's model by name, "
         "timm:NAME (pip install 'fewshot[timm]') or torchvision:NAME, its classifier removed "
         "(a folder data set is resized to its input size unless --resize is given)",
     )
@@ -191,7 +199,11 @@ class RunSettings:
         backbone does not give; a folder data set takes a library model's input size."""
         library = library_name(self.backbone)
         if not library:
-            if self.backbone not in BACKBONES:
+            try:
+                known = self.backbone in backbone_names()  # a plug-in's is registered
+            except FewshotError as e:
+                raise SettingError("backbone", f"{self.backbone}: {e}") from None
+            if not known:
                 raise SettingError(
                     "backbone",
                     f"must be one of {', '.join(BACKBONES)}, timm:NAME or torchvision:NAME, "
@@ -336,7 +348,9 @@ class TrainSettings(RunSettings):
     """Everything that defines an episodic training run (saved in every checkpoint)."""
 
     method: str = setting(
-        "embedding", help="what trains and evaluates an episode", choices=method_names
+        "embedding",
+        help="what trains and evaluates an episode (or a plug-in's: entry points fewshot.methods)",
+        choices=method_names,
     )
     method_options: dict = setting(
         help="the method's keyword options as JSON (none for embedding)", default_factory=dict
@@ -345,8 +359,8 @@ class TrainSettings(RunSettings):
         "protonet",
         help="classification head (embedding method); the protonet of ResNet-12 and of the "
         "timm: and torchvision: backbones divides squared distances by the dimension unless "
-        "head options say otherwise",
-        choices=tuple(HEADS),
+        "head options say otherwise (or a plug-in's: entry points fewshot.heads)",
+        choices=head_names,
     )
     head_options: dict = setting(
         help="head keyword options as JSON, e.g. '{\"lam\": 50}' (embedding method)",
@@ -409,6 +423,10 @@ class TrainSettings(RunSettings):
         )
         if not all(isinstance(v, str) for v in (method, backbone, head)):
             return []  # a wrong type: refused by the field check
+        # A plug-in method is registered here, for its defaults; one that cannot be is
+        # refused by the field check, naming the flag.
+        with contextlib.suppress(FewshotError):
+            method_names().find(method)
         layers = []
         if "head" not in UNUSED_SETTINGS.get(method, ()):
             pair = training_defaults(backbone).get(head, {})

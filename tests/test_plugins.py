@@ -1,0 +1,308 @@
+"""Plug-ins from other packages (entry points): the package of docs/guide/your-own-method.md,
+built from the page's own code, joins the registries and trains, resumes, evaluates and is
+compared with the zoo's ProtoNet from the command line; a plug-in that fails to import, takes a
+built-in's name or another's, or names the wrong kind of object is refused in one line naming
+its package, before any image is read."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from cli_errors import error_line
+
+from fewshot.backbones import BACKBONES, backbone_names
+from fewshot.datasets import GEOMETRY, READERS, dataset_geometry, dataset_names, load_split
+from fewshot.datasets.base import ImageSplit
+from fewshot.heads import CLASSIFIERS, HEADS, get_head, head_names, protonet
+from fewshot.methods import (
+    METHODS,
+    TRAINING_DEFAULTS,
+    UNUSED_SETTINGS,
+    build_method,
+    method_names,
+)
+from fewshot.methods.embedding import build_embedding_method
+from fewshot.training.settings import TrainSettings
+
+REPO = Path(__file__).resolve().parents[1]
+PAGE = REPO / "docs" / "guide" / "your-own-method.md"
+ZOO_PROTONET = "models/omniglot/protonet_conv4_trainval.pt"
+REGISTRIES = [METHODS, TRAINING_DEFAULTS, UNUSED_SETTINGS, HEADS, CLASSIFIERS, BACKBONES]
+REGISTRIES += [READERS, GEOMETRY]
+NAMES = [method_names(), head_names(), backbone_names(), dataset_names()]
+
+
+def fenced(language: str) -> list[str]:
+    """The contents of the page's fenced blocks of `language`, in order."""
+    pattern = rf"^```{language}\n(.*?)^```$"
+    return re.findall(pattern, PAGE.read_text(), flags=re.MULTILINE | re.DOTALL)
+
+
+def page_package(folder: Path) -> Path:
+    """The page's package written into `folder`: its pyproject.toml and its module (the page's
+    one TOML block and first Python block)."""
+    (pyproject,) = fenced("toml")
+    module = fenced("python")[0]
+    folder.mkdir(parents=True)
+    (folder / "pyproject.toml").write_text(pyproject)
+    (folder / "fewshot_mine.py").write_text(module)
+    return folder
+
+
+def installed(
+    site: Path, package: str, points: dict[str, dict[str, str]], modules: dict[str, str]
+) -> None:
+    """An installed distribution `package` 0.1 in `site`, as pip leaves one: its metadata, its
+    entry points ({group: {name: "module:object"}}) and its modules ({name: source})."""
+    info = site / f"{package.replace('-', '_')}-0.1.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.1\n")
+    lines = [
+        f"[{group}]\n" + "".join(f"{n} = {v}\n" for n, v in names.items())
+        for group, names in points.items()
+    ]
+    (info / "entry_points.txt").write_text("\n".join(lines))
+    for name, source in modules.items():
+        (site / f"{name}.py").write_text(source)
+
+
+@pytest.fixture
+def site(tmp_path, monkeypatch):
+    """A folder of installed distributions on sys.path, no entry-point group read yet; every
+    registry as it was before, afterwards."""
+    folder = tmp_path / "site"
+    folder.mkdir()
+    kept = [dict(registry) for registry in REGISTRIES]
+    for names in NAMES:
+        monkeypatch.setattr(names, "_points", None)
+    monkeypatch.syspath_prepend(str(folder))
+    yield folder
+    for registry, before in zip(REGISTRIES, kept, strict=True):
+        registry.clear()
+        registry.update(before)
+    for name, module in list(sys.modules.items()):  # the next test's modules of one name
+        if str(getattr(module, "__file__", None)).startswith(str(folder)):
+            del sys.modules[name]
+
+
+def refusal(capsys, tmp_path, *flags: str) -> str:
+    """The one line `fewshot train` refuses `flags` with (exit 2), on a data root without
+    images: refused before any is read."""
+    empty = tmp_path / "no_images"
+    empty.mkdir(exist_ok=True)
+    argv = ["train", *flags, "--data-root", str(empty), "--out", str(tmp_path / "run")]
+    return error_line(capsys, [*argv, "--device", "cpu"])
+
+
+def test_the_pages_plugins_join_the_registries(site):
+    installed(
+        site,
+        "fewshot-mine",
+        {
+            "fewshot.methods": {"mine": "fewshot_mine:MINE"},
+            "fewshot.heads": {"manhattan": "fewshot_mine:manhattan"},
+            "fewshot.backbones": {"tiny": "fewshot_mine:Tiny"},
+        },
+        {"fewshot_mine": fenced("python")[0]},
+    )
+    assert "mine" not in list(method_names())  # listed once read, not before
+    settings = TrainSettings(method="mine", head="manhattan", backbone="tiny", lr=0.01)
+    assert (settings.optimizer, settings.weight_decay) == ("adam", 0.0)  # the method's defaults
+    assert settings.lr == 0.01  # under the values given
+    assert "mine" in list(method_names()) and "manhattan" in CLASSIFIERS
+    model = build_method({**settings.to_dict(), "in_channels": 1, "image_size": 28})
+    assert type(model).__name__ == "UnitEmbedding" and model.backbone.out_dim == 32
+    # The head is the plug-in's, on unit-length embeddings: minus L1 distances to the
+    # prototypes (one shot: the support embeddings themselves).
+    query, support = torch.randn(2, 6, 8), torch.randn(2, 5, 8)
+    labels = torch.arange(5).repeat(2, 1)
+    expected = -torch.cdist(F.normalize(query, dim=-1), F.normalize(support, dim=-1), p=1)
+    torch.testing.assert_close(model.head(query, support, labels, 5, 1), expected)
+    assert get_head("manhattan") is HEADS["manhattan"]
+
+
+def test_a_run_of_builtins_reads_no_plugin(site):
+    installed(site, "fewshot-broken", {"fewshot.methods": {"embedding": "nothere:x"}}, {})
+    settings = TrainSettings(method="embedding", backbone="conv4", head="protonet")
+    assert METHODS[settings.method] is build_embedding_method  # not shadowed
+    assert HEADS["protonet"] is protonet
+    assert all(names._points is None for names in NAMES)  # no group was read
+
+
+def test_a_plugin_that_fails_to_import_is_refused(site, capsys, tmp_path):
+    installed(
+        site,
+        "fewshot-broken",
+        {"fewshot.methods": {"mine": "fewshot_broken:build"}},
+        {"fewshot_broken": "import nothere\n"},
+    )
+    line = refusal(capsys, tmp_path, "--method", "mine")
+    assert "--method mine: plug-in method 'mine'" in line
+    assert "'mine = fewshot_broken:build' of package fewshot-broken 0.1" in line
+    assert "failed to import: ModuleNotFoundError: No module named 'nothere'" in line
+
+
+def test_a_plugin_with_a_builtins_name_is_refused(site, capsys, tmp_path):
+    installed(
+        site,
+        "fewshot-shadow",
+        {"fewshot.heads": {"svm": "fewshot_shadow:svm", "mine": "fewshot_shadow:mine"}},
+        {"fewshot_shadow": "def svm(query, support, support_labels, way, shot): pass\n"},
+    )
+    line = refusal(capsys, tmp_path, "--head", "mine")
+    assert "--head mine: plug-in head 'svm'" in line
+    assert "of package fewshot-shadow 0.1" in line and "takes a built-in head's name" in line
+    assert HEADS["svm"].__module__ == "fewshot.heads.svm"
+
+
+def test_a_test_time_classifiers_name_is_a_builtin_one_for_heads(site, capsys, tmp_path):
+    installed(site, "fewshot-logistic", {"fewshot.heads": {"logistic": "fewshot_x:f"}}, {})
+    line = refusal(capsys, tmp_path, "--head", "mine")
+    assert "plug-in head 'logistic'" in line and "fewshot-logistic 0.1" in line
+
+
+def test_two_plugins_with_one_name_are_refused(site, capsys, tmp_path):
+    for package in ("fewshot-one", "fewshot-two"):
+        installed(site, package, {"fewshot.backbones": {"tiny": f"{package[8:]}:Tiny"}}, {})
+    line = refusal(capsys, tmp_path, "--backbone", "tiny")
+    assert "plug-in backbone 'tiny' is declared twice" in line
+    assert "package fewshot-one 0.1" in line and "package fewshot-two 0.1" in line
+
+
+@pytest.mark.parametrize(
+    ("group", "flag", "source", "problem"),
+    [
+        ("fewshot.methods", "--method", "plugin = {'lr': 1}", "must name a builder"),
+        ("fewshot.heads", "--head", "class plugin:\n    pass", "not the class plugin"),
+        ("fewshot.heads", "--head", "def plugin(x, y):\n    pass", "must name a head function"),
+        ("fewshot.backbones", "--backbone", "def plugin(): pass", "must name an nn.Module class"),
+        ("fewshot.datasets", "--dataset", "plugin = print", "must name a fewshot.datasets"),
+    ],
+)
+def test_a_plugin_of_the_wrong_kind_is_refused(
+    site, capsys, tmp_path, group, flag, source, problem
+):
+    installed(
+        site, "fewshot-wrong", {group: {"mine": "fewshot_wrong:plugin"}}, {"fewshot_wrong": source}
+    )
+    line = refusal(capsys, tmp_path, flag, "mine")
+    assert line.startswith(f"fewshot train: error: {flag} mine: plug-in ")
+    assert "(entry point 'mine = fewshot_wrong:plugin' of package fewshot-wrong 0.1)" in line
+    assert problem in line
+
+
+def test_an_unknown_name_lists_the_plugins(site, capsys, tmp_path):
+    installed(site, "fewshot-mine", {"fewshot.methods": {"mine": "fewshot_mine:MINE"}}, {})
+    line = refusal(capsys, tmp_path, "--method", "mien")
+    builtins = "embedding, matching, relation, maml, fomaml, anil, imaml"
+    assert line.endswith(f"--method must be one of {builtins}, mine, got 'mien'")
+
+
+DATASET = '''
+import torch
+from fewshot.datasets import DatasetPlugin, ImageSplit
+
+def read(data_root, split):
+    """Eight 1x16x16 images of two classes, each image of its class's value."""
+    labels = torch.arange(8) % 2
+    images = (labels * 200).to(torch.uint8).view(8, 1, 1, 1).expand(8, 1, 16, 16).clone()
+    return ImageSplit(images, labels, ["dark", "light"], (0.5,), (0.5,), f"squares {split}")
+
+SQUARES = DatasetPlugin(read, channels=1, image_size=16)
+'''
+
+
+def test_a_plugin_data_set_is_read_by_name(site, tmp_path):
+    installed(
+        site,
+        "fewshot-squares",
+        {"fewshot.datasets": {"squares": "squares:SQUARES"}},
+        {"squares": DATASET},
+    )
+    assert dataset_geometry("squares") == (1, 16)
+    data = load_split("squares", "val", tmp_path)
+    assert isinstance(data, ImageSplit) and data.source == "squares val"
+    assert data.images[1].unique().tolist() == [200] and "squares" in list(dataset_names())
+    settings = TrainSettings(dataset="squares", data_root=str(tmp_path), way=2, query=1, shot=1)
+    assert settings.geometry == (1, 16)
+
+
+def python(site: Path, cwd: Path, *argv: str) -> str:
+    """Run `python ARGV` in `cwd` in a new process that finds the packages installed in
+    `site`; its output, after checking it succeeded."""
+    env = {**os.environ, "PYTHONPATH": str(site), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, f"{shlex.join(argv)}: {done.stderr}"
+    return done.stdout
+
+
+def fewshot(site: Path, cwd: Path, *argv: str) -> str:
+    """Run `fewshot ARGV` as `python` does."""
+    return python(site, cwd, "-m", "fewshot", *argv)
+
+
+@pytest.mark.slow
+def test_the_pages_package_trains_resumes_evaluates_and_compares(tmp_path, tiny_omniglot_root):
+    package = page_package(tmp_path / "fewshot-mine")
+    site = tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "install", "--no-deps", "--no-build-isolation"]
+    pip += ["--no-index", "--quiet", "--target", str(site), str(package)]
+    subprocess.run(pip, check=True, capture_output=True)
+    (tmp_path / "models").symlink_to(REPO / "models")
+    lines = fenced("bash")[0].splitlines()
+    assert lines[0] == "pip install ./fewshot-mine"
+    commands = [shlex.split(line)[1:] for line in lines[1:]]
+    assert [c[0] for c in commands] == ["train", "train", "eval", "compare"]
+    data = ["--data-root", str(tiny_omniglot_root), "--device", "cpu"]
+    tiny = ["--epochs", "1", "--episodes-per-epoch", "2", "--episodes-per-batch", "1"]
+    tiny += ["--val-episodes", "2", "--query", "2"]
+    episodes = ["--episodes", "4"]
+    extra = [[*tiny, *data], ["--epochs", "2", *data], [*episodes, *data], [*episodes, *data]]
+    outputs = [fewshot(site, tmp_path, *c, *e) for c, e in zip(commands, extra, strict=True)]
+    run = tmp_path / "runs" / "mine"
+    config = json.loads((run / "config.json").read_text())
+    assert (config["method"], config["head"], config["backbone"]) == ("mine", "manhattan", "tiny")
+    assert (config["optimizer"], config["lr"]) == ("adam", 0.001)
+    metrics = [
+        json.loads(line)["epoch"] for line in (run / "metrics.jsonl").read_text().splitlines()
+    ]
+    assert metrics == [1, 2]
+    (result,) = run.glob("eval_*.json")
+    record = json.loads(result.read_text())
+    assert record["episodes"] == 4 and f"{record['accuracy']:.2f}" in outputs[2]
+    assert "B - A: " in outputs[3]
+    # The checkpoint holds the plug-ins' model: loaded where the package is installed, its
+    # head is the L1 one on unit-length embeddings.
+    check = (
+        "import torch, torch.nn.functional as F\n"
+        "from fewshot.training.checkpoint import load_trained\n"
+        f"model, config = load_trained({str(run / 'best.pt')!r}, torch.device('cpu'))\n"
+        "q, s = torch.randn(1, 3, 32), torch.randn(1, 5, 32)\n"
+        "got = model.head(q, s, torch.arange(5)[None], 5, 1)\n"
+        "want = -torch.cdist(F.normalize(q, dim=-1), F.normalize(s, dim=-1), p=1)\n"
+        "torch.testing.assert_close(got, want)\n"
+        "print(type(model).__name__, type(model.backbone).__name__)\n"
+    )
+    assert python(site, tmp_path, "-c", check).split() == ["UnitEmbedding", "Tiny"]
+    # The page's Python example, its run cut to the size of the others.
+    small = {"epochs": 1, "episodes_per_epoch": 2, "episodes_per_batch": 1, "val_episodes": 2}
+    small |= {"query": 2, "data_root": str(tiny_omniglot_root), "device": "cpu"}
+    script = (
+        "import fewshot\n"
+        "train = fewshot.train\n"
+        f"fewshot.train = lambda **values: print(train(**values | {small!r}))\n"
+        f"{fenced('python')[1]}"
+    )
+    folder = tmp_path / python(site, tmp_path, "-c", script).splitlines()[-1]
+    config = json.loads((folder / "config.json").read_text())
+    assert folder.name == "mine-python"
+    assert (config["method"], config["head"], config["backbone"]) == ("mine", "manhattan", "tiny")
