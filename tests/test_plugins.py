@@ -185,6 +185,14 @@ def test_two_plugins_with_one_name_are_refused(site, capsys, tmp_path):
         ("fewshot.heads", "--head", "class plugin:\n    pass", "not the class plugin"),
         ("fewshot.heads", "--head", "def plugin(x, y):\n    pass", "must name a head function"),
         ("fewshot.backbones", "--backbone", "def plugin(): pass", "must name an nn.Module class"),
+        (
+            "fewshot.backbones",
+            "--backbone",
+            "from torch import nn\n"
+            "class plugin(nn.Module):\n"
+            "    def __init__(self, in_channels, image_size, width): pass",
+            "its options with defaults, not plugin(in_channels, image_size, width)",
+        ),
         ("fewshot.datasets", "--dataset", "plugin = print", "must name a fewshot.datasets"),
     ],
 )

@@ -38,7 +38,10 @@ def _adopt_backbone(name: str, plugin: object) -> None:
     if not (isinstance(plugin, type) and issubclass(plugin, nn.Module)):
         raise TypeError(f"must name an nn.Module class, not {described(plugin)}")
     require_signature(
-        plugin, "an nn.Module class taking in_channels and image_size", in_channels=1, image_size=1
+        plugin,
+        "an nn.Module class taking in_channels and image_size, its options with defaults",
+        in_channels=1,
+        image_size=1,
     )
     BACKBONES[name] = plugin
 

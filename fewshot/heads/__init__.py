@@ -91,7 +91,10 @@ def _adopt_head(name: str, plugin: object) -> None:
         raise TypeError(f"must name a head function, not the class {plugin.__qualname__}")
     episode = ("query", "support", "support_labels", "way", "shot")
     require_signature(
-        plugin, "a head function (query, support, support_labels, way, shot, **options)", *episode
+        plugin,
+        "a head function (query, support, support_labels, way, shot, **options), its "
+        "options with defaults",
+        *episode,
     )
     HEADS[name] = CLASSIFIERS[name] = plugin
 

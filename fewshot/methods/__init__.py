@@ -64,7 +64,11 @@ def _adopt_method(name: str, plugin: object) -> None:
     """Register a plug-in method: a builder `(settings, **method_options) -> Method`, or a
     MethodPlugin; TypeError when it is neither."""
     spec = plugin if isinstance(plugin, MethodPlugin) else MethodPlugin(plugin)
-    require_signature(spec.builder, "a builder (settings: dict, **method_options) -> Method", {})
+    require_signature(
+        spec.builder,
+        "a builder (settings: dict, **method_options) -> Method, its options with defaults",
+        {},
+    )
     if not isinstance(spec.training_defaults, dict):
         raise TypeError(
             f"training_defaults must be a dict, not {described(spec.training_defaults)}"

@@ -35,8 +35,9 @@ def described(plugin: object) -> str:
 
 
 def require_signature(plugin: object, kind: str, *args: object, **kwargs: object) -> None:
-    """Refuse (TypeError) a plug-in that cannot be called with `args` and `kwargs`, naming the
-    `kind` of callable it should be."""
+    """Refuse (TypeError) a plug-in that cannot be called with `args` and `kwargs` alone,
+    naming the `kind` of callable it should be: its options must have defaults (an option
+    without one would fail a run that does not give it, in its own code)."""
     try:
         inspect.signature(plugin).bind(*args, **kwargs)
     except (TypeError, ValueError):  # not callable, no signature, or one that does not bind
