@@ -22,8 +22,11 @@ from fewshot.training.settings import PretrainSettings, TrainSettings
 
 
 def frozen(tmp_path, root, **changes) -> TrainSettings:
-    """Two epochs of 3-way 1-shot episodes on a frozen, randomly initialised Conv-4."""
+    """Two epochs of 3-way 1-shot episodes on a frozen, randomly initialised Conv-4, under
+    Matching Networks' full context embeddings (the weights that train: a frozen backbone
+    under a head of none is refused)."""
     values = dict(
+        method="matching", method_options={"fce": True},
         dataset="omniglot", data_root=str(root), way=3, shot=1, query=2, val_query=2,
         epochs=2, episodes_per_epoch=4, episodes_per_batch=2, val_episodes=4,
         freeze_backbone=True, device="cpu", amp="off", out=str(tmp_path / "run"),
@@ -63,8 +66,11 @@ def test_training_on_cached_features_equals_embedding_every_step(
     assert plain.train_features is None and not (plain.run_dir / "features").exists()
     for a, b in zip(metrics(cached.run_dir), metrics(plain.run_dir), strict=True):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6)
-    assert cached.method.scale.item() == pytest.approx(plain.method.scale.item(), rel=1e-6)
-    assert cached.method.scale.item() != 1.0  # it trained
+    fresh = make_trainer(frozen(tmp_path / "fresh", tiny_omniglot_root)).method.comparator
+    trained, again = cached.method.comparator.state_dict(), plain.method.comparator.state_dict()
+    for name, value in trained.items():
+        assert value == pytest.approx(again[name], rel=1e-5, abs=1e-6), name
+    assert any(not torch.equal(v, fresh.state_dict()[k]) for k, v in trained.items())  # trained
 
 
 def test_a_resumed_run_reads_its_features_without_embedding_again(

@@ -25,6 +25,7 @@ from fewshot.runtime.io import file_sha256, load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 PROTONET = REPO / "models" / "omniglot" / "protonet_conv4_trainval.pt"
+MAML = REPO / "models" / "omniglot" / "maml_conv4_5way1shot_cpu.pt"
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +67,20 @@ def test_a_frozen_backbone_evaluates_as_a_checkpoint_of_its_weights(
     assert list((cache_folder() / "features").glob("*.npy"))
     again = evaluation([*frozen, "--dataset", "omniglot", *flags], tmp_path / "c.json")
     assert again["accuracies"] == b["accuracies"]
+
+
+def test_a_checkpoint_lends_its_backbone(tmp_path, tiny_omniglot_root, zoo_backbone):
+    flags = [*episodes_flags(tiny_omniglot_root), "--dataset", "omniglot"]
+    file = evaluation(["--backbone", "conv4", "--backbone-weights", str(zoo_backbone), *flags],
+                      tmp_path / "a.json")  # fmt: skip
+    lent = evaluation(["--backbone", "conv4", "--backbone-weights", str(PROTONET), *flags],
+                      tmp_path / "b.json")  # fmt: skip
+    assert lent["accuracies"] == file["accuracies"]
+    # A MAML-family backbone keeps no running statistics: each episode's normalise it.
+    stride = ["--backbone-options", '{"downsample": "stride"}']
+    maml = evaluation(["--backbone", "conv4", *stride, "--backbone-weights", str(MAML), *flags],
+                      tmp_path / "c.json")  # fmt: skip
+    assert maml["transductive"] and np.mean(maml["accuracies"]) > 0.6
 
 
 def test_a_frozen_backbone_is_compared_paired_with_a_checkpoint(
@@ -124,8 +139,23 @@ BAD = [
         "--backbone-options for conv4: ",
     ),
     (
-        ["--backbone", "conv4", "--dataset", "omniglot", "--backbone-weights", str(PROTONET)],
-        "is a fewshot checkpoint, not a backbone's state dict: evaluate it with --checkpoint",
+        ["--backbone", "conv4", "--dataset", "omniglot", "--backbone-weights", str(MAML)],
+        """the checkpoint of a conv4 backbone with options {"downsample": "stride"}; give""",
+    ),
+    (
+        [
+            "--backbone",
+            "conv4",
+            "--backbone-options",
+            '{"downsample": "stride"}',
+            "--dataset",
+            "omniglot",
+            "--backbone-weights",
+            str(MAML),
+            "--batch-norm",
+            "running",
+        ],
+        "--batch-norm running does not apply to a frozen backbone of a MAML-family checkpoint",
     ),
     (
         ["--backbone", "resnet12", "--dataset", "omniglot", "--backbone-weights", "{weights}"],
@@ -221,7 +251,7 @@ def test_fewshot_classifier_is_nearest_centroid_by_hand(tmp_path):
     assert clf.predict(queries) == [clf.classes_[i] for i in expected.argmax(1)]
     # Tensors (uint8, or float in [0, 1], float64 cast) and PIL images give the same scores.
     images = torch.stack(
-        [torch.from_numpy(np.asarray(Image.open(f))).permute(2, 0, 1) for f in queries]
+        [torch.from_numpy(np.array(Image.open(f))).permute(2, 0, 1) for f in queries]
     )
     assert torch.allclose(clf.predict_proba(images), proba, atol=1e-6)
     assert torch.allclose(clf.predict_proba(images.double() / 255), proba, atol=1e-5)

@@ -27,6 +27,7 @@ from fewshot.backbones import build_backbone
 from fewshot.cli.main import main
 from fewshot.datasets import load_split
 from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.settings import SettingError
 from fewshot.training.checkpoint import load_trained
 from fewshot.training.settings import TrainSettings
 
@@ -292,17 +293,24 @@ def test_weights_from_a_file_start_the_run_without_the_classifier(tmp_path):
 
 
 def test_a_frozen_backbone_is_not_trained_and_stays_in_eval_mode(tmp_path):
-    trainer = make_trainer(tiny_settings(tmp_path, freeze_backbone=True))
+    fce = dict(method="matching", method_options={"fce": True})
+    trainer = make_trainer(tiny_settings(tmp_path, freeze_backbone=True, **fce))
     before = {k: v.clone() for k, v in trainer.method.backbone.state_dict().items()}
-    scale = trainer.method.scale.detach().clone()
+    head = [p.detach().clone() for p in trainer.method.comparator.parameters()]
     trained = {id(p) for group in trainer.optimizer.param_groups for p in group["params"]}
-    assert trained == {id(trainer.method.scale)}
+    assert trained == {id(p) for p in trainer.method.comparator.parameters()}
     trainer._train_epoch()
     assert not trainer.method.backbone.training and trainer.method.training
     after = trainer.method.backbone.state_dict()  # weights and BatchNorm statistics
     assert all(torch.equal(before[k], after[k]) for k in before)
     assert all(p.grad is None for p in trainer.method.backbone.parameters())
-    assert not torch.equal(trainer.method.scale.detach(), scale)
+    assert not all(map(torch.equal, head, trainer.method.comparator.parameters()))
+
+
+def test_a_frozen_backbone_under_a_head_of_no_weights_is_refused_naming_eval(tmp_path):
+    with pytest.raises(SettingError, match="fewshot eval --backbone timm:resnet10t") as error:
+        tiny_settings(tmp_path, freeze_backbone=True)
+    assert "--method embedding (--head protonet) has no weight besides it" in str(error.value)
 
 
 def test_the_backbone_learning_rate_is_its_own_on_the_schedule(tmp_path):
@@ -362,6 +370,7 @@ def test_a_pretrained_run_resumes_and_evaluates_without_fetching_the_weights_aga
 def test_a_torchvision_backbone_trains_from_the_command_line(tmp_path):
     out = tmp_path / "tv"
     argv = ["train", "--backbone", "torchvision:resnet18", "--freeze-backbone", "--way", "3"]
+    argv += ["--method", "matching", "--method-options", '{"fce": true}']
     argv += ["--shot", "1", "--query", "2", "--epochs", "1", "--episodes-per-epoch", "2"]
     argv += ["--episodes-per-batch", "1", "--val-episodes", "2", "--val-query", "2"]
     assert main([*argv, "--device", "cpu", "--amp", "off", "--out", str(out)]) == 0

@@ -122,7 +122,9 @@ def test_validation_embeds_its_episodes_where_they_hold_fewer_images_than_the_sp
     cached.settings = few  # the same 5 episodes
     assert uncached.validate() == cached.validate()
     frozen = make_config(
-        None, {**base, "val_episodes": 5, "freeze_backbone": True, "out": str(tmp_path / "c")}
+        None,
+        {**base, "val_episodes": 5, "freeze_backbone": True, "out": str(tmp_path / "c")}
+        | {"method": "matching", "method_options": {"fce": True}},
     )
     assert make_trainer(frozen).val_cache
 

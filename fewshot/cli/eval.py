@@ -290,7 +290,14 @@ class ModelSettings:
         if self.batch_norm is None:
             return
         name = method_label(config)
-        if isinstance(method, EmbeddingMethod):
+        if isinstance(method, EmbeddingMethod) and method.episode_statistics:
+            if self.batch_norm != "transductive":
+                raise FewshotError(
+                    f"--batch-norm {self.batch_norm} does not apply to {name} of a MAML-family "
+                    "checkpoint: its backbone keeps no running statistics and reads each "
+                    "episode's (transductive)"
+                )
+        elif isinstance(method, EmbeddingMethod):
             if self.batch_norm == "per-query":
                 raise FewshotError(
                     f"--batch-norm per-query does not apply to {name}: with its trained "

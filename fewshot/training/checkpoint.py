@@ -253,19 +253,36 @@ def read_weights(
     geometry: tuple[int, int],
     want: dict[str, torch.Size],
 ) -> dict[str, torch.Tensor]:
-    """The state dict file of --backbone-weights keyed as backbone `name` (of weight shapes
-    `want`), refused in one line naming the file when it cannot be read safely, is a fewshot
-    checkpoint, holds anything but named tensors, does not fit the backbone (the first
-    mismatching key) or holds non-finite weights."""
-    try:
-        state = load_checkpoint(path)
-    except FewshotError as e:
-        raise FewshotError(f"--backbone-weights: {e}") from None
+    """The state dict file of --backbone-weights keyed as backbone `name` (`fit_weights`),
+    refused in one line when it is a fewshot checkpoint."""
+    state = weights_file(path)
     if "config" in state and "model" in state:
         raise FewshotError(
             f"--backbone-weights {path} is a fewshot checkpoint, not a backbone's state dict: "
-            "evaluate it with --checkpoint"
+            "start from it with --init"
         )
+    return fit_weights(state, path, name, options, geometry, want)
+
+
+def weights_file(path: str | Path) -> dict:
+    """The dict a --backbone-weights file holds, read without running code."""
+    try:
+        return load_checkpoint(path)
+    except FewshotError as e:
+        raise FewshotError(f"--backbone-weights: {e}") from None
+
+
+def fit_weights(
+    state: dict,
+    path: str | Path,
+    name: str,
+    options: dict,
+    geometry: tuple[int, int],
+    want: dict[str, torch.Size],
+) -> dict[str, torch.Tensor]:
+    """The state dict `state` (of file `path`) keyed as backbone `name` (of weight shapes
+    `want`), refused in one line naming the file when it holds anything but named tensors,
+    does not fit the backbone (the first mismatching key) or holds non-finite weights."""
     wrong = next((k for k, v in state.items() if not isinstance(v, torch.Tensor)), None)
     if wrong is not None:
         raise FewshotError(

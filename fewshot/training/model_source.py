@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,7 +31,13 @@ from fewshot.methods.feature_cache import backbone_digest
 from fewshot.runtime.cache import cache_folder
 from fewshot.runtime.errors import FewshotError, summary
 from fewshot.runtime.io import check_writable, file_sha256
-from fewshot.training.checkpoint import checkpoint_file, load_trained, read_weights
+from fewshot.training.checkpoint import (
+    BATCHNORM_STATS,
+    checkpoint_file,
+    fit_weights,
+    load_trained,
+    weights_file,
+)
 
 # A frozen backbone has no trained classifier: it classifies by this test-time one by default.
 DEFAULT_CLASSIFIER = "centroid"
@@ -39,6 +46,9 @@ MODULE_PREFIX = "module:"
 NORMALIZATIONS = ("auto", "dataset", "backbone")
 # The modules given from Python for the call in progress, by the names its settings use.
 _GIVEN: dict[str, Backbone] = {}
+# Where a fewshot checkpoint keeps its backbone's weights: the embedding and comparison methods'
+# `backbone`, the MAML family's functional network's.
+BACKBONE_PREFIXES = ("backbone.", "network.backbone.")
 # The seed of a frozen backbone's initialisation where no weights are given (a random floor).
 INIT_SEED = 0
 
@@ -154,13 +164,14 @@ class Backbone:
             return None
         return tuple(given[1]), tuple(given[2])
 
-    def build(self, geometry: tuple[int, int], device: torch.device) -> nn.Module:
+    def build(self, geometry: tuple[int, int], device: torch.device) -> tuple[nn.Module, bool]:
         """The backbone for (channels, side) images with its weights, frozen in eval mode on
-        `device`; one line on an unknown name, options or images it cannot take, or weights
-        that do not fit, before any image is embedded."""
+        `device`, and whether it keeps no BatchNorm statistics of its own (a MAML-family
+        backbone: each episode's are used); one line on an unknown name, options or images
+        it cannot take, or weights that do not fit, before any image is embedded."""
         if self.module is not None:
             self.module.to(device).eval().requires_grad_(False)
-            return GivenModule(self.module, *geometry, self.name).to(device)
+            return GivenModule(self.module, *geometry, self.name).to(device), False
         try:
             with torch.device("meta"):  # shapes only: a bad name or option costs nothing
                 shapes = build_backbone(self.name, *geometry, **self._no_fetch()).state_dict()
@@ -168,10 +179,16 @@ class Backbone:
             raise FewshotError(f"--backbone-options for {self.name}: {summary(e)}") from None
         except ValueError as e:
             raise FewshotError(f"--backbone {self.name}: {e}") from None
-        state = None
+        want = {key: value.shape for key, value in shapes.items()}
+        state, no_statistics = None, False
         if self.weights:
-            want = {key: value.shape for key, value in shapes.items()}
-            state = read_weights(self.weights, self.name, self.options, geometry, want)
+            state = weights_file(self.weights)
+            if "config" in state and "model" in state:
+                state = self._checkpoint_backbone(state)
+                no_statistics = not any(key.endswith(BATCHNORM_STATS) for key in state)
+                if no_statistics:  # the fresh ones stay, unused: each episode's normalise
+                    want = {k: v for k, v in want.items() if not k.endswith(BATCHNORM_STATS)}
+            state = fit_weights(state, self.weights, self.name, self.options, geometry, want)
         try:
             with torch.random.fork_rng(devices=[]):  # weights without a file: seeded, the
                 torch.manual_seed(INIT_SEED)  # same backbone in every command
@@ -179,8 +196,26 @@ class Backbone:
         except (ValueError, TypeError) as e:
             raise FewshotError(f"--backbone {self.name}: {summary(e)}") from None
         if state is not None:
-            backbone.load_state_dict(state)
-        return backbone.to(device).eval().requires_grad_(False)
+            backbone.load_state_dict(state, strict=not no_statistics)
+        return backbone.to(device).eval().requires_grad_(False), no_statistics
+
+    def _checkpoint_backbone(self, ckpt: dict) -> dict:
+        """The backbone's entries of a fewshot checkpoint (as `--backbone-weights`), refused
+        in one line when its backbone is not this one (another name or options)."""
+        config = ckpt["config"] if isinstance(ckpt["config"], dict) else {}
+        name, options = config.get("backbone"), config.get("backbone_options", {})
+        if (name, options) != (self.name, self._no_fetch()):
+            raise FewshotError(
+                f"--backbone-weights {self.weights} is the checkpoint of a {name} backbone with "
+                f"options {json.dumps(options)}; give --backbone {name} --backbone-options "
+                f"'{json.dumps(options)}'"
+            )
+        model = ckpt["model"] if isinstance(ckpt["model"], dict) else {}
+        for prefix in BACKBONE_PREFIXES:
+            state = {k.removeprefix(prefix): v for k, v in model.items() if k.startswith(prefix)}
+            if state:
+                return state
+        raise FewshotError(f"--backbone-weights {self.weights}: the checkpoint has no backbone")
 
     def _no_fetch(self) -> dict:
         """The options without `pretrained` (a meta-device build fetches nothing anyway)."""
@@ -211,10 +246,12 @@ def frozen_model(
     """A frozen backbone as a model for images of `geometry` (channels, side), read from
     `dataset` (None: images without a data set, as predict's) and normalised with the
     backbone's own constants where it has them (else the data's own)."""
-    built = backbone.build(geometry, device)
+    built, no_statistics = backbone.build(geometry, device)
     method = EmbeddingMethod(built, "protonet", amp=amp).to(device).eval()
     method.requires_grad_(False)
     method.use_classifier(DEFAULT_CLASSIFIER, {})
+    if no_statistics:  # as the MAML family normalises: each episode's statistics
+        method.use_episode_statistics(backbone_only=True)
     method.source = backbone.label
     config: dict[str, Any] = {
         "stage": "frozen",
@@ -232,7 +269,8 @@ def frozen_model(
     scale = backbone.own_normalization(geometry[0])
     if scale is not None:
         config.update(mean=list(scale[0]), std=list(scale[1]))
-    use_feature_cache(method)
+    if not no_statistics:
+        use_feature_cache(method)
     return Model(method, config, backbone.label, backbone.identity(built))
 
 

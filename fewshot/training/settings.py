@@ -505,9 +505,15 @@ class TrainSettings(RunSettings):
             raise SettingError("backbone_options", str(e)) from None
         if self.varied:
             self._check_varied_method(method)
-        if self.freeze_backbone and not method.head_parameters():
+        # A head's scale alone changes no prediction: such a run would train nothing.
+        scale = getattr(method, "scale", None)
+        what = f"{owner} (--head {self.head})" if self.method == "embedding" else owner
+        if self.freeze_backbone and all(p is scale for p in method.head_parameters()):
             raise SettingError(
-                "freeze_backbone", f"leaves nothing to train: {owner} has no weight besides it"
+                "freeze_backbone",
+                f"leaves nothing to train: {what} has no weight besides it; a frozen "
+                f"backbone needs no training run: fewshot eval --backbone "
+                f"{self.backbone} --backbone-weights FILE --dataset {self.dataset}",
             )
         for key in ("head_options", "eval_head_options"):
             check_options(key, getattr(self, key), HEADS[self.head])
