@@ -119,10 +119,10 @@ def class_labels(shots: list[int], device: torch.device) -> torch.Tensor:
     return torch.arange(len(shots), device=device).repeat_interleave(counts)
 
 
-def scale_cause(features: torch.Tensor, diverged: str | None) -> str | None:
+def scale_cause(features: torch.Tensor, remedy: str, diverged: str | None) -> str | None:
     """The likely cause of non-finite scores from `features` [..., d]: their scale where it
-    overflows float32 in a squared distance or product of d dimensions, else `diverged` (None:
-    none to name)."""
+    overflows float32 in a squared distance or product of d dimensions (with `remedy`), else
+    `diverged` (None: none to name)."""
     largest = float(features.detach().abs().amax())
     dim = features.shape[-1]
     limit = math.sqrt(torch.finfo(torch.float32).max / dim)
@@ -130,7 +130,7 @@ def scale_cause(features: torch.Tensor, diverged: str | None) -> str | None:
         return (
             f"its features reach {largest:.3g} in magnitude, beyond {limit:.3g}, where squared "
             f"distances and products over their {dim} dimensions overflow float32: its weights "
-            "are out of scale (rescale or retrain it)"
+            f"are out of scale ({remedy})"
         )
     if diverged is None:
         return None
@@ -151,6 +151,8 @@ class Method(nn.Module):
     caches: bool = False  # whether `solver(cache=True)` reuses work across test episodes
     # The checkpoint a trained model was loaded from (load_trained), named in its refusals.
     source: str | None = None
+    # What reads features whose scale overflows float32 (`scale_cause`).
+    scale_remedy = "rescale or retrain it"
 
     def forward(
         self, images: torch.Tensor, resplits: torch.Tensor | None, shot: Shot
@@ -258,10 +260,10 @@ class Method(nn.Module):
         if self.source is None or bool(torch.isfinite(logits).all()):
             return
         bad = int((~torch.isfinite(logits)).flatten(0, -2).any(-1).sum())
+        cause = scale_cause(features(), self.scale_remedy, diverged)
         raise FewshotError(
             f"{self.source} gives non-finite scores (inf or nan) for {bad} of the "
-            f"{logits[..., 0].numel()} queries of a batch: {scale_cause(features(), diverged)}; "
-            "not classifying them"
+            f"{logits[..., 0].numel()} queries of a batch: {cause}; not classifying them"
         )
 
     def solver(

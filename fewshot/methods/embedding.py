@@ -89,6 +89,9 @@ class EmbeddingMethod(Method):
 
     caches = True
     loss = "cross_entropy"  # of the query logits (see episode_loss)
+    # Logistic regression fits in float64 (fewshot.heads.logistic): any float32 features' squares
+    # and products fit there (tests/test_nonfinite_scores.py: the unscaled model's accuracy).
+    scale_remedy = "rescale or retrain it; --classifier logistic, fitted in float64, reads them"
     # A test-time classifier that fine-tunes the backbone on every episode (P>M>F, see
     # fewshot.methods.test_time_finetune): (split, shot, device, stop) -> the episodes' solver.
     adapter: Adapter | None = None
@@ -229,7 +232,9 @@ class EmbeddingMethod(Method):
             try:
                 logits = head(query, support, *rest, **options)
             except (FewshotError, torch.linalg.LinAlgError):
-                cause = None if self.source is None else scale_cause(features(), None)
+                if self.source is None:
+                    raise
+                cause = scale_cause(features(), self.scale_remedy, None)
                 if cause is None:
                     raise  # not the features' scale: the solver's own refusal says more
                 raise FewshotError(f"{self.source} cannot classify a batch: {cause}") from None
@@ -263,17 +268,35 @@ class EmbeddingMethod(Method):
         batch: int,
         episode: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Embed the support once and the queries `batch` at a time (BatchNorm in eval mode:
-        an image's embedding is its own), then classify them in the same chunks, or all at
-        once for a transductive classifier; with the seeds of `episode` where it is given.
-        Classes of unequal counts are read as a varied episode's (the head's shot is None).
-        With `episode_statistics`, the support and then all the queries are one batch each."""
+        """Embed the support once (`support_features`) and classify the queries
+        (`scores_of`)."""
+        return self.scores_of(self.support_features(support), shots, query, batch, episode)
+
+    def support_features(self, support: torch.Tensor) -> torch.Tensor:
+        """The support's features [1, N, d] (with `episode_statistics`: of its own batch's
+        statistics), which `scores_of` classifies queries against however often."""
+        own = self.episode_statistics
+        with own_statistics(self.statistics_scope()) if own else contextlib.nullcontext():
+            return self.embed(support)[None]
+
+    def scores_of(
+        self,
+        features: torch.Tensor,
+        shots: list[int],
+        query: torch.Tensor,
+        batch: int,
+        episode: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """`scores` from the support's features: the queries embedded `batch` at a time
+        (BatchNorm in eval mode: an image's embedding is its own), then classified in the same
+        chunks, or all at once for a transductive classifier; with the seeds of `episode`
+        where it is given. Classes of unequal counts are read as a varied episode's (the
+        head's shot is None). With `episode_statistics`, all the queries are one batch."""
         way, shot = len(shots), (shots[0] if len(set(shots)) == 1 else None)
-        labels = class_labels(shots, support.device)[None]
+        labels = class_labels(shots, features.device)[None]
         head = self.checked(self.head if episode is None else self.episode_head(episode[None]))
         own = self.episode_statistics
         with own_statistics(self.statistics_scope()) if own else contextlib.nullcontext():
-            features = self.embed(support)[None]
             queries = torch.cat(
                 [self.embed(chunk) for chunk in query.split(len(query) if own else batch)]
             )
