@@ -30,6 +30,8 @@ from fewshot.cli.eval import ModelSettings
 from fewshot.datasets.augment import normalize_float
 from fewshot.datasets.folder import channels_of
 from fewshot.datasets.image_folder import converted, open_image, resized
+from fewshot.methods.embedding import EmbeddingMethod
+from fewshot.methods.test_time_finetune import PMF
 from fewshot.runtime.device import resolve_device
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.settings import build
@@ -85,6 +87,11 @@ class FewShotClassifier:
                 f"model must be a checkpoint path, a backbone name or an nn.Module, got a "
                 f"{type(model).__name__}"
             )
+        if classifier == PMF:
+            raise ValueError(
+                "classifier pmf fine-tunes the backbone on the seeded episodes of fewshot eval "
+                "and compare; FewShotClassifier does not fine-tune"
+            )
         self.batch_size, self.image_size = batch_size, image_size
         self.device = _checked(lambda: resolve_device(device))
         frozen = isinstance(model, nn.Module) or names_backbone(os.fspath(model))
@@ -119,8 +126,9 @@ class FewShotClassifier:
         return self.model is not None and bool(self.model.method.transductive)
 
     def fit(self, support_images: Images, support_labels: Sequence[Any]) -> FewShotClassifier:
-        """Keep the labelled support images (two classes or more; any hashable labels, in
-        `classes_` sorted), read at the model's geometry; returns the classifier."""
+        """Read the labelled support images at the model's geometry (two classes or more; any
+        hashable labels, `classes_` sorted) and embed them once (an embedding model's: the
+        MAML family adapts at each `predict`); returns the classifier."""
         labels = _labels(support_labels)
         if self.model is None:
             self.model = self._load(support_images)
@@ -133,12 +141,18 @@ class FewShotClassifier:
         if len(self.classes_) < 2:
             raise ValueError(f"support_labels must hold two classes or more, got {self.classes_}")
         index = {label: i for i, label in enumerate(self.classes_)}
-        self._labels = torch.tensor([index[label] for label in labels], device=self.device)
-        self._support = support
-        counts = torch.bincount(self._labels).tolist()
+        numbered = torch.tensor([index[label] for label in labels])
+        order = torch.argsort(numbered, stable=True)  # class by class, as the heads read them
+        self._labels, self._support = numbered[order].to(self.device), support[order]
+        self._shots = torch.bincount(numbered).tolist()
         method = self.model.method
-        _checked(lambda: method.check_way(len(counts)))
-        _checked(lambda: method.check_shot(counts[0] if len(set(counts)) == 1 else None))
+        _checked(lambda: method.check_way(len(self._shots)))
+        shot = self._shots[0] if len(set(self._shots)) == 1 else None
+        _checked(lambda: method.check_shot(shot))
+        self._features = None
+        if isinstance(method, EmbeddingMethod):  # its features serve every later predict
+            with torch.no_grad():
+                self._features = _checked(lambda: method.support_features(self._support))
         return self
 
     def predict_proba(self, query_images: Images) -> torch.Tensor:
@@ -147,10 +161,14 @@ class FewShotClassifier:
         if self.model is None or not self.classes_:
             raise ValueError("call fit(support_images, support_labels) before predicting")
         query = self._images(query_images, "query_images")
-        method = self.model.method
-        scores = _checked(
-            lambda: method.predict(self._support, self._labels, query, self.batch_size)
-        )
+        method, batch = self.model.method, self.batch_size
+        with torch.no_grad():
+            if self._features is not None:
+                scores = _checked(
+                    lambda: method.scores_of(self._features, self._shots, query, batch)
+                )
+            else:  # the MAML family adapts to the support at every call
+                scores = _checked(lambda: method.predict(self._support, self._labels, query, batch))
         return scores.float().cpu()
 
     def predict(self, query_images: Images) -> list:
