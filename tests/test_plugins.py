@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from cli_errors import error_line
 
 from fewshot.backbones import BACKBONES, backbone_names
+from fewshot.cli.main import main
 from fewshot.datasets import GEOMETRY, READERS, dataset_geometry, dataset_names, load_split
 from fewshot.datasets.base import ImageSplit
 from fewshot.heads import CLASSIFIERS, HEADS, get_head, head_names, protonet
@@ -314,3 +315,22 @@ def test_the_pages_package_trains_resumes_evaluates_and_compares(tmp_path, tiny_
     config = json.loads((folder / "config.json").read_text())
     assert folder.name == "mine-python"
     assert (config["method"], config["head"], config["backbone"]) == ("mine", "manhattan", "tiny")
+
+
+def test_a_plugin_backbone_and_head_evaluate_frozen(site, tmp_path, tiny_omniglot_root):
+    installed(
+        site,
+        "fewshot-mine",
+        {
+            "fewshot.heads": {"manhattan": "fewshot_mine:manhattan"},
+            "fewshot.backbones": {"tiny": "fewshot_mine:Tiny"},
+        },
+        {"fewshot_mine": fenced("python")[0]},
+    )
+    out = tmp_path / "e.json"
+    argv = ["eval", "--backbone", "tiny", "--dataset", "omniglot", "--classifier", "manhattan"]
+    argv += ["--data-root", str(tiny_omniglot_root), "--episodes", "10", "--amp", "off"]
+    assert main([*argv, "--device", "cpu", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert (record["backbone"], record["classifier"]) == ("tiny", "manhattan")
+    assert 0.2 < record["accuracy"] / 100 <= 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -39,7 +40,7 @@ from fewshot.evaluation.episodes import (
     episodes_images,
     evaluation_terms,
 )
-from fewshot.heads import CLASSIFIERS, TRANSDUCTIVE, check_head
+from fewshot.heads import CLASSIFIERS, TRANSDUCTIVE, check_head, head_names
 from fewshot.methods.adaptation import AdaptationMethod
 from fewshot.methods.base import Method
 from fewshot.methods.embedding import EmbeddingMethod
@@ -140,6 +141,17 @@ def shipped(checkpoint: Path) -> bool:
     )
 
 
+class ClassifierNames:
+    """--classifier's names: every test-time classifier and pmf; `in` also finds a plug-in
+    head (entry point group `fewshot.heads`), which classifies frozen features as any does."""
+
+    def __iter__(self) -> Iterator[str]:
+        return iter((*CLASSIFIERS, PMF))
+
+    def __contains__(self, name: object) -> bool:
+        return name == PMF or name in CLASSIFIERS or name in head_names()
+
+
 @dataclass(frozen=True, kw_only=True)
 class ModelSettings:
     """How a trained model classifies: its precision and test-time classifier."""
@@ -150,7 +162,7 @@ class ModelSettings:
         help="test-time classifier on the model's frozen features (embedding methods and "
         "pretrained models; default: the model's own head, nearest centroid for a pretrained "
         "one), or pmf: P>M>F's fine-tuning of the backbone on each episode's support",
-        choices=lambda: (*CLASSIFIERS, PMF),
+        choices=lambda: ClassifierNames(),
     )
     classifier_options: dict = setting(
         help="the classifier's keyword options as JSON, e.g. '{\"cl2n\": true}' (centroid: "
