@@ -37,8 +37,8 @@ PLACEHOLDERS = {
     "K": "5",
     "IMAGES": "images",
     "SET": "isic",
-    "DOWNLOAD": "images",
-    "FOLDER": "images",
+    "DOWNLOAD": "download",
+    "FOLDER": "arranged",
 }
 # Inline spans of the pages that name a command with one of its flags but are not meant to be run.
 FRAGMENTS = {"fewshot eval --per-episode", "fewshot hpo NAME"}
@@ -197,13 +197,14 @@ def tiny_run(folder: Path, data_root: Path) -> None:
 def readme_dir(tmp_path_factory, tiny_omniglot_root):
     """A working folder for the pages' relative paths: `models` from the repository, a
     tiny trained run in runs/omni (what --resume and the checkpoint placeholders point at) and
-    a folder data set of RGB images in images/."""
+    a folder data set of RGB images in images/, and an empty download/."""
     folder = tmp_path_factory.mktemp("readme")
     (folder / "models").symlink_to(REPO / "models")
     for split in ("train", "val", "test"):
         for name in ("a", "b"):
             (folder / "images" / split / f"{split}_{name}").mkdir(parents=True)
             Image.new("RGB", (32, 32)).save(folder / "images" / split / f"{split}_{name}" / "0.png")
+    (folder / "download").mkdir()  # data arrange's input; its output, arranged/, is made by it
     tiny_run(folder / "runs" / "omni", tiny_omniglot_root)
     return folder
 
