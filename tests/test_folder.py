@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cli_errors import error_line
 from PIL import Image
 from test_distributed import torchrun
 from trainers import make_trainer
@@ -323,6 +324,18 @@ def test_a_folder_models_settings_load_without_its_images(folder_run, tmp_path):
     torch.save(checkpoint, tmp_path / "moved.pt")
     _, config = load_trained(tmp_path / "moved.pt", torch.device("cpu"))
     assert (config["resize"], config["channels"]) == (SIDE, 3)  # the geometry it read
+
+
+def test_a_model_whose_folder_moved_is_refused_naming_data_root(folder_run, tmp_path, capsys):
+    root, out = folder_run
+    checkpoint = load_checkpoint(out / "last.pt")
+    checkpoint["config"]["data_root"] = str(tmp_path / "gone")
+    torch.save(checkpoint, tmp_path / "moved.pt")
+    argv = ["eval", "--checkpoint", str(tmp_path / "moved.pt"), *TINY_EPISODES, "--device", "cpu"]
+    line = error_line(capsys, argv)
+    assert "the folder data set the model was trained on, is not there" in line
+    assert line.endswith("give --data-root where it is now")
+    assert main([*argv, "--data-root", str(root), "--out", str(tmp_path / "e.json")]) == 0
 
 
 def test_pretrain_and_resume_on_a_folder(rgb_root, tmp_path):

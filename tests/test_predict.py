@@ -362,3 +362,15 @@ def test_a_pretrained_model_predicts_with_its_test_time_classifier(
     result = fewshot.predict(run / "last.pt", support, query, device="cpu", **options)
     assert result.scores.shape == (9, 3) and result.transductive == (classifier == "pt-map")
     assert torch.allclose(result.scores.sum(1), torch.ones(9), atol=1e-4)
+
+
+def test_predict_casts_float64_images_and_refuses_a_batch_of_none():
+    method = model("protonet")
+    images = episode()
+    support, query = images[0, :, :2].flatten(0, 1), images[0, :, 2:].flatten(0, 1)
+    labels = torch.arange(3).repeat_interleave(2)
+    scores = method.predict(support, labels, query, batch=5)
+    assert torch.equal(method.predict(support.double(), labels, query.double(), batch=5), scores)
+    for batch in (0, 2.5, True):
+        with pytest.raises(ValueError, match=f"predict batch must be an integer >= 1, got {batch}"):
+            method.predict(support, labels, query, batch=batch)

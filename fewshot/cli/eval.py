@@ -414,6 +414,12 @@ class EpisodeSettings(ModelSettings):
         --data-root; for a folder data set the folder the checkpoint names, unless it is the
         one evaluated on (no --dataset) and --data-root says where it is now."""
         if config["dataset"] == FOLDER and (self.dataset is not None or not self.data_root):
+            if not Path(config["data_root"]).is_dir():
+                raise FewshotError(
+                    f"{config['data_root']}, the folder data set the model was trained on, is "
+                    "not there: if it moved, give --data-root where it is now"
+                    + (" (and --dataset folder)" if self.dataset is not None else "")
+                )
             return config["data_root"]
         return self.data_root
 
