@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from datafiles import cut_omniglot_root
 from PIL import Image
 
 from fewshot.cli.main import main
@@ -29,6 +30,8 @@ MAML = ZOO / "maml_conv4_5way1shot_cpu.pt"
 # The features' scale float32 holds in a squared distance over Conv-4's 64 dimensions.
 LIMIT = math.sqrt(torch.finfo(torch.float32).max / 64)
 SCALE = "in magnitude, beyond 2.31e+18, where squared distances and products over their 64 "
+# A data root of the protonet model's training split and the test split, cut to 24 classes.
+CUT = {"trainval": 24, "test": 24}
 # What reads them: an embedding method's features, by a classifier fitted in float64.
 REMEDY = (
     "out of scale (rescale or retrain it; --classifier logistic, fitted in float64, reads them)"
@@ -193,3 +196,27 @@ def test_the_cause_is_named_by_the_features_scale_and_training_is_left_alone():
     assert training.source is None
     accuracy = training.test_accuracy(embeddings, nan_head, 1)
     assert accuracy.shape == (2,)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--classifier", "cosine"],
+        ["--classifier", "centroid", "--classifier-options", '{"cl2n": true}'],
+    ],
+    ids=["cosine", "cl2n"],
+)
+def test_the_normalising_classifiers_read_huge_features_as_their_directions(tmp_path, flags):
+    """Cosine and CL2N read directions only: features 2^120 times the model's (exact in
+    float32, as the weights are scaled) give its very accuracies, not the zeros an overflowed
+    squared norm would normalise them to."""
+    # CL2N centres on the mean feature of the model's training split (trainval).
+    root = cut_omniglot_root(tmp_path / "data", ZOO.parents[1] / "data", CUT)
+    scaled = huge(tmp_path, PROTONET, factor=2.0**120)
+    accuracies = []
+    for name, checkpoint in (("own", PROTONET), ("scaled", scaled)):
+        out = tmp_path / f"{name}.json"
+        argv = evaluation(root, out, "--checkpoint", str(checkpoint), *flags)
+        assert main(["eval", *argv, "--per-episode", "--cache"]) == 0
+        accuracies.append(json.loads(out.read_text())["accuracies"])
+    assert accuracies[1] == accuracies[0]

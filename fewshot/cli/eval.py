@@ -407,7 +407,8 @@ class EpisodeSettings(ModelSettings):
             channels=config["channels"],
         )
         base = as_trained(config, base, config["dataset"])
-        return method.embed_split(base, device).mean(dim=0)
+        # Summed in float64: features of any finite float32 size have a finite mean.
+        return method.embed_split(base, device).double().mean(dim=0).float()
 
     def training_root(self, config: dict) -> str | None:
         """Where the data a model (of checkpoint settings `config`) was trained on is:

@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from fewshot.heads.episode_inputs import check_query, class_means, support_one_hot
+from fewshot.heads.episode_inputs import check_query, class_means, support_one_hot, unit_length
 from fewshot.heads.logistic import logistic
 from fewshot.heads.protonet import protonet
 from fewshot.runtime.errors import FewshotError
@@ -53,8 +53,8 @@ def centroid(
     if fault:
         raise FewshotError(f"centroid center {fault}, as the support features")
     center = center.to(device=support.device, dtype=support.dtype)
-    support = F.normalize(support - center, dim=2)
-    query = F.normalize(query - center, dim=2)
+    support = unit_length(support - center, dim=2)
+    query = unit_length(query - center, dim=2)
     return protonet(query, support, support_labels, way, shot)
 
 
@@ -70,7 +70,7 @@ def cosine(
     check_query(query, support)
     # The means of the raw features, normalised after: Meta-Baseline's order.
     prototypes = class_means(one_hot, support, shot)
-    return F.normalize(query, dim=2) @ F.normalize(prototypes, dim=2).transpose(1, 2)
+    return unit_length(query, dim=2) @ unit_length(prototypes, dim=2).transpose(1, 2)
 
 
 def finetune(
@@ -136,7 +136,7 @@ def finetune(
 
     def scores(x: torch.Tensor) -> torch.Tensor:
         if bias is None:
-            return scale * F.normalize(x, dim=2) @ F.normalize(weight, dim=1)
+            return scale * unit_length(x, dim=2) @ F.normalize(weight, dim=1)
         return torch.baddbmm(bias.unsqueeze(1), x, weight)
 
     optimizer = torch.optim.SGD(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.shapes import shape_fault
@@ -85,3 +86,11 @@ def check_query(query: torch.Tensor, support: torch.Tensor) -> None:
         raise FewshotError(f"query {fault}, as support {tuple(support.shape)}")
     if query.dtype != support.dtype:
         raise FewshotError(f"query is {query.dtype}, support {support.dtype}: they must match")
+
+
+def unit_length(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """`x` scaled to unit L2 length along `dim`, as F.normalize, but first divided by its
+    largest magnitude there (detached: the scale changes no direction): features of any finite
+    size, 1e37 included, whose squared norm would overflow to inf and normalise to zeros."""
+    largest = x.detach().abs().amax(dim=dim, keepdim=True).clamp(min=torch.finfo(x.dtype).tiny)
+    return F.normalize(x / largest, dim=dim)
