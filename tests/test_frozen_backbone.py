@@ -19,6 +19,7 @@ import fewshot
 from fewshot.backbones import Conv4
 from fewshot.cli.eval import shipped
 from fewshot.cli.main import main
+from fewshot.methods.embedding import EmbeddingMethod
 from fewshot.runtime.cache import cache_folder
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import file_sha256, load_checkpoint
@@ -315,3 +316,18 @@ def test_results_of_a_frozen_backbone_and_of_shipped_models_go_to_results(
     assert not shipped(copy)
     (checkout / "hubconf.py").write_text("")
     assert shipped(copy) and shipped(PROTONET) and not shipped(tmp_path / "p.pt")
+
+
+def test_predict_with_a_frozen_backbone_reads_the_features_it_kept(tmp_path, monkeypatch):
+    support, queries = support_folder(tmp_path)
+    argv = ["predict", "--backbone", "conv4", "--support", str(support), "--amp", "off"]
+    argv += ["--query", *map(str, queries)]
+    assert main([*argv, "--out", str(tmp_path / "a.json")]) == 0
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("embedded again")
+
+    monkeypatch.setattr(EmbeddingMethod, "embed_split", refuse)
+    assert main([*argv, "--out", str(tmp_path / "b.json")]) == 0
+    first, again = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab")
+    assert again["predictions"] == first["predictions"]

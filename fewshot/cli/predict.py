@@ -21,6 +21,7 @@ from fewshot.cli.eval import ModelSettings
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import images_to_device
 from fewshot.datasets.folder import Listing, decode_listing, first_image, list_classes, list_images
+from fewshot.methods.base import Method
 from fewshot.methods.test_time_finetune import PMF
 from fewshot.runtime.device import device_setting, resolve_device
 from fewshot.runtime.errors import FewshotError
@@ -216,13 +217,7 @@ def run_predict(settings: PredictSettings) -> Prediction:
     if reads_negatives(settings, model, support):
         print("support and query: read as negatives (--invert)")
         support, query = negative(support), negative(query)
-    everything = torch.arange(len(support.labels))
-    scores = method.predict(
-        images_to_device(support, everything, device),
-        support.labels.to(device),
-        images_to_device(query, torch.arange(len(query.labels)), device),
-        settings.batch_size,
-    )
+    scores = classify(method, support, query, device, settings.batch_size)
     result = Prediction(
         support.class_names,
         [str(p) for p in query_listing.images],
@@ -237,6 +232,26 @@ def run_predict(settings: PredictSettings) -> Prediction:
         write_prediction(result, out, model)
         print(f"predictions in {settings.out}")
     return result
+
+
+def classify(
+    method: Method, support: ImageSplit, query: ImageSplit, device: torch.device, batch: int
+) -> torch.Tensor:
+    """The queries' scores: from the features kept in a frozen backbone's feature cache
+    (each image set embedded once for every later command), else from the images."""
+    if getattr(method, "feature_cache", None) is not None and method.caches:
+        with torch.no_grad():
+            features = method.split_features(support, device).to(device)[None]
+            queries = method.split_features(query, device).to(device)
+            shots = torch.bincount(support.labels).tolist()  # class by class, as read
+            return method.classify(features, shots, queries, batch)
+    everything = torch.arange(len(support.labels))
+    return method.predict(
+        images_to_device(support, everything, device),
+        support.labels.to(device),
+        images_to_device(query, torch.arange(len(query.labels)), device),
+        batch,
+    )
 
 
 def write_prediction(result: Prediction, out: Path, model: Model) -> None:

@@ -288,19 +288,33 @@ class EmbeddingMethod(Method):
         episode: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """`scores` from the support's features: the queries embedded `batch` at a time
-        (BatchNorm in eval mode: an image's embedding is its own), then classified in the same
-        chunks, or all at once for a transductive classifier; with the seeds of `episode`
-        where it is given. Classes of unequal counts are read as a varied episode's (the
-        head's shot is None). With `episode_statistics`, all the queries are one batch."""
-        way, shot = len(shots), (shots[0] if len(set(shots)) == 1 else None)
-        labels = class_labels(shots, features.device)[None]
-        head = self.checked(self.head if episode is None else self.episode_head(episode[None]))
+        (BatchNorm in eval mode: an image's embedding is its own; with `episode_statistics`,
+        all of them as one batch), then classified (`classify`)."""
         own = self.episode_statistics
         with own_statistics(self.statistics_scope()) if own else contextlib.nullcontext():
             queries = torch.cat(
                 [self.embed(chunk) for chunk in query.split(len(query) if own else batch)]
             )
-            chunks = [queries] if self.transductive else queries.split(batch)
+        return self.classify(features, shots, queries, batch, episode)
+
+    def classify(
+        self,
+        features: torch.Tensor,
+        shots: list[int],
+        queries: torch.Tensor,
+        batch: int,
+        episode: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Scores of query features [n, d] against the support's [1, N, d] (class by class,
+        `shots[c]` of class c): `batch` queries a head call, or all at once for a transductive
+        classifier; with the seeds of `episode` where it is given. Classes of unequal counts
+        are read as a varied episode's (the head's shot is None)."""
+        way, shot = len(shots), (shots[0] if len(set(shots)) == 1 else None)
+        labels = class_labels(shots, features.device)[None]
+        head = self.checked(self.head if episode is None else self.episode_head(episode[None]))
+        chunks = [queries] if self.transductive else queries.split(batch)
+        own = self.episode_statistics  # a relation module's BatchNorm reads the episode's too
+        with own_statistics(self.statistics_scope()) if own else contextlib.nullcontext():
             logits = [self.scale * head(q[None], features, labels, way, shot)[0] for q in chunks]
         return self.to_scores(torch.cat(logits).float())
 
