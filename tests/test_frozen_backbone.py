@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import torchvision
 from cli_errors import error_line
 from PIL import Image
 from torch import nn
@@ -331,3 +332,32 @@ def test_predict_with_a_frozen_backbone_reads_the_features_it_kept(tmp_path, mon
     assert main([*argv, "--out", str(tmp_path / "b.json")]) == 0
     first, again = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab")
     assert again["predictions"] == first["predictions"]
+
+
+def test_a_torchvision_weights_file_is_the_module_it_came_from(tmp_path, tiny_omniglot_root):
+    """A torchvision model's state dict, saved as the library saves it (its classifier `fc`
+    included), evaluated by name equals the same network given from Python as a module."""
+    torch.manual_seed(1)
+    network = torchvision.models.resnet18(weights=None)
+    torch.save(network.state_dict(), tmp_path / "r18.pth")
+    network.fc = nn.Identity()
+    grayscale = nn.Sequential(Repeat3(), network)  # torchvision's models take RGB
+    flags = dict(data_root=str(tiny_omniglot_root), episodes=6, amp="off", device="cpu")
+    flags |= dict(dataset="omniglot", per_episode=True, normalization="dataset")
+    by_name = fewshot.evaluate(
+        backbone="torchvision:resnet18", backbone_weights=tmp_path / "r18.pth",
+        out=str(tmp_path / "a.json"), **flags,
+    )  # fmt: skip
+    flags.pop("normalization")  # a module takes the data's unless told
+    by_module = fewshot.evaluate(backbone=grayscale, out=str(tmp_path / "b.json"), **flags)
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab")
+    assert a["accuracies"] == b["accuracies"] and by_name.accuracy == by_module.accuracy
+    assert a["backbone_weights_sha256"] == file_sha256(tmp_path / "r18.pth")
+
+
+class Repeat3(nn.Module):
+    """Grayscale images [B, 1, H, W] as three equal channels."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The channel repeated three times."""
+        return x.expand(-1, 3, -1, -1)
