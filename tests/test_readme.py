@@ -330,3 +330,89 @@ def test_using_it_runs_end_to_end(tmp_path, tiny_omniglot_root, monkeypatch, cap
         assert not missing, f"{run} lacks {missing}"
     resplits = [json.loads((run / "config.json").read_text())["resplits"] for run in runs]
     assert resplits == [1, 5, 1, 1, 1, 5, 5, 5]
+
+
+# The README's headline tables, each number read from the result file it comes from.
+REPRODUCTION = REPO / "experiments" / "omniglot_reproduction" / "results.json"
+EHG_SEEDS = REPO / "experiments" / "ehg_seeds" / "results.json"
+SHAPES = [(5, 1), (5, 5), (20, 1), (20, 5)]
+EHG_HEADS = {"protonet": "ProtoNet", "ridge": "ridge", "svm": "SVM"}
+
+
+def marked_table(text: str, name: str) -> list[list[str]]:
+    """The cells of the Markdown table between `<!-- name -->` and `<!-- /name -->`, header and
+    separator rows left out."""
+    block = text.split(f"<!-- {name} -->\n", 1)[1].split(f"<!-- /{name} -->", 1)[0]
+    rows = [line for line in block.splitlines() if line.startswith("|")]
+    return [[c.strip() for c in row.strip("|").split("|")] for row in rows[2:]]
+
+
+def here(row: dict) -> str:
+    """A reproduction row's accuracy as the tables show it: '98.75 ± 0.12', or — unshipped."""
+    return f"{row['accuracy']:.2f} ± {row['ci95']:.2f}" if row["shipped"] else "—"
+
+
+def test_readme_reproduction_table_is_the_studys():
+    record = json.loads(REPRODUCTION.read_text())
+    cells: dict[str, dict[tuple[int, int], str]] = {}
+    for row in record["rows"]:
+        paper = "—" if row["paper"] is None else str(row["paper"])
+        cells.setdefault(row["method"], {})[row["way"], row["shot"]] = f"{here(row)} ({paper})"
+    expected = [[method, *(shapes[s] for s in SHAPES)] for method, shapes in cells.items()]
+    assert marked_table(README, "readme-reproduction") == expected
+    assert f"same {record['episodes']} seeded test" in " ".join(README.split())
+
+
+def test_results_page_reproduction_table_is_the_studys():
+    record = json.loads(REPRODUCTION.read_text())
+    expected = []
+    for row in record["rows"]:
+        paper = "—" if row["paper"] is None else str(row["paper"])
+        t = row.get("trained") or {}
+        trained = [
+            f"{t['way']}-way {t['shot']}-shot",
+            f"{t['episodes']:,}",
+            f"{t['seconds'] / 60:.0f} min, {t['precision']}",
+        ] if t else ["", "", ""]  # fmt: skip
+        shape = f"{row['way']}-way {row['shot']}-shot"
+        expected.append([row["method"], shape, here(row), paper, *trained])
+    results = (REPO / "docs" / "results.md").read_text()
+    assert marked_table(results, "reproduction-table") == expected
+
+
+def test_readme_ehg_table_is_the_studys():
+    record = json.loads(EHG_SEEDS.read_text())
+    expected = []
+    for head, name in EHG_HEADS.items():
+        row = [name]
+        for shape in ("5w1s", "20w1s"):
+            d = record["summary"][head][shape]["U5-U1 seeds"]
+            assert d["n"] == 5
+            row.append(f"{d['mean']:+.2f} ± {d['ci95']:.2f} (p = {d['p_value']:.2g})")
+        expected.append(row)
+    assert marked_table(README, "readme-ehg") == expected
+    settings = record["settings"]
+    episodes = settings["epochs"] * settings["episodes_per_epoch"]
+    text = " ".join(README.split())
+    seeds = len(settings["seeds"].split(","))
+    assert f"over {seeds} training seeds" in text
+    assert f"{episodes} training episodes, {settings['test_episodes']} seeded test" in text
+
+
+def test_readme_quickstart_figure_is_the_measured_one():
+    # The quickstart's accuracy as docs/results.md records its measurement.
+    (figure,) = re.findall(r"`accuracy: ([\d.]+ ± [\d.]+) %`", README)
+    assert f"scripts/quickstart.sh` (4 epochs of 100 60-way episodes) reached **{figure} %**" in (
+        " ".join((REPO / "docs" / "results.md").read_text().split())
+    )
+
+
+def test_readme_is_short_and_shows_each_task():
+    assert len(README.splitlines()) <= 120
+    commands = [c for c in COMMANDS_OF_PAGES if c.page == "README.md"]
+    paths = {c.path for c in commands}
+    assert paths >= {("train",), ("eval",), ("compare",), ("predict",), ("pretrain",)}
+    assert ("hpo", "regularization") in paths
+    flags = {t for c in commands for t in c.argv if t.startswith("--")}
+    assert flags >= {"--resplits", "--backbone", "--classifier", "--resume"}
+    assert [c.launcher for c in commands].count("torchrun") == 1
