@@ -437,6 +437,13 @@ def check_svm_solver(out: Path, printed: str) -> None:
         assert (out / f"compare_{way}way_seed1.json").is_file()
 
 
+def check_figures(out: Path, printed: str) -> None:
+    for name in ("reproduction.png", "ehg_gain.png", "zoo_curves.png"):
+        png = (out / name).read_bytes()
+        assert png.startswith(b"\x89PNG") and (out / "docs" / name).read_bytes() == png
+        assert str(out / name) in printed
+
+
 @dataclass(frozen=True)
 class Driver:
     """A driver's module, its smoke arguments ({out} and the data roots' fixture names in
@@ -589,6 +596,12 @@ DRIVERS = {
         ("--out", "{out}", "--configs", "protonet_resnet12_1shot"),
         ("results.md", "protonet_resnet12_1shot.metrics.jsonl"),
         check_rehearsal,
+    ),
+    "figures": Driver(
+        "experiments.figures.figures",
+        ("--out", "{out}"),
+        ("reproduction.png", "ehg_gain.png", "zoo_curves.png"),
+        check_figures,
     ),
     "svm_solver": Driver(
         "experiments.svm_solver.study",
