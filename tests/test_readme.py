@@ -332,6 +332,54 @@ def test_using_it_runs_end_to_end(tmp_path, tiny_omniglot_root, monkeypatch, cap
     assert resplits == [1, 5, 1, 1, 1, 5, 5, 5]
 
 
+TUTORIAL = "## A tutorial: ten minutes on a CPU"
+
+
+def tutorial_steps() -> list[tuple[int, str, Command | str]]:
+    """The getting-started tutorial's steps in page order: ("shell", a fewshot command of its
+    shell blocks) and ("python", the code of a Python block)."""
+    text = (REPO / GETTING_STARTED).read_text()
+    lines = text.splitlines()
+    start, end = lines.index(TUTORIAL) + 1, lines.index("## Using it") + 1
+    steps: list[tuple[int, str, Command | str]] = [
+        (c.line, "shell", c)
+        for c in COMMANDS_OF_PAGES
+        if c.page == GETTING_STARTED and c.block and start < c.line < end
+    ]
+    for m in re.finditer(r"^```python\n(.*?)^```", text, flags=re.S | re.M):
+        line = text.count("\n", 0, m.start()) + 1
+        if start < line < end:
+            steps.append((line, "python", m.group(1)))
+    return sorted(steps, key=lambda step: step[0])
+
+
+@pytest.mark.slow
+def test_the_tutorial_runs_as_written(tmp_path, tiny_omniglot_root, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("FEWSHOT_DATA", str(tiny_omniglot_root))
+    (tmp_path / "models").symlink_to(REPO / "models")
+    steps = tutorial_steps()
+    kinds = [step.path[0] if kind == "shell" else kind for _, kind, step in steps]
+    assert kinds == ["train", "train", "eval", "compare", "show", "plot", "python", "predict"]
+    tiny = {"train": TINY_TRAIN, "eval": TINY_EPISODES, "compare": TINY_EPISODES}
+    for line, kind, step in steps:
+        if kind == "python":
+            exec(compile(step, f"{GETTING_STARTED}:{line}", "exec"), {})
+            continue
+        capsys.readouterr()
+        assert main([*step.argv, *tiny.get(step.path[0], [])]) == 0, f"{GETTING_STARTED}:{line}"
+        out = capsys.readouterr().out
+        if step.path == ("compare",):
+            assert "B - A: " in out
+    for picture in ("worst.png", "curves.png"):
+        assert Path(picture).read_bytes().startswith(b"\x89PNG")
+    assert len(list(Path("my_support").iterdir())) == 5
+    rows = Path("predictions.csv").read_text().splitlines()
+    assert len(rows) == 1 + 15  # a header, a row per query image
+    for picture in ("getting-started-worst.png", "getting-started-curves.png"):
+        assert f"]({picture})" in (REPO / GETTING_STARTED).read_text()
+
+
 # The README's headline tables, each number read from the result file it comes from.
 REPRODUCTION = REPO / "experiments" / "omniglot_reproduction" / "results.json"
 EHG_SEEDS = REPO / "experiments" / "ehg_seeds" / "results.json"
