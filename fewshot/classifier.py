@@ -26,7 +26,7 @@ from PIL import Image
 from torch import nn
 
 from fewshot.cli.compare import names_backbone
-from fewshot.cli.eval import ModelSettings
+from fewshot.cli.model_settings import ModelSettings
 from fewshot.datasets.augment import normalize_float
 from fewshot.datasets.folder import channels_of
 from fewshot.datasets.image_folder import converted, open_image, resized

@@ -307,7 +307,7 @@ def test_a_classifiers_bad_option_is_refused_before_any_data(
     def no_data(*args, **kwargs):
         raise AssertionError("the data was read before the classifier's options were checked")
 
-    monkeypatch.setattr("fewshot.cli.eval.load_split", no_data)
+    monkeypatch.setattr("fewshot.cli.episode_settings.load_split", no_data)
     checkpoint = str(REPO_DATA.parent / "models" / "omniglot" / "protonet_conv4_trainval.pt")
     argv = ["--classifier-options", options] if options else ["--way", "1"]
     argv = ["eval", "--checkpoint", checkpoint, "--classifier", classifier, *argv]

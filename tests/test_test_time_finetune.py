@@ -199,7 +199,7 @@ def test_bad_pmf_settings_are_refused_before_any_data(argv, message, monkeypatch
     def no_data(*args, **kwargs):
         raise AssertionError("the data was read before pmf's settings were checked")
 
-    monkeypatch.setattr("fewshot.cli.eval.load_split", no_data)
+    monkeypatch.setattr("fewshot.cli.episode_settings.load_split", no_data)
     options, *rest = argv
     command = ["eval", "--checkpoint", str(ZOO), "--classifier", "pmf", "--device", "cpu"]
     assert main([*command, "--classifier-options", options, *rest]) == 2

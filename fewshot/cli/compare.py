@@ -14,7 +14,9 @@ from pathlib import Path
 
 import torch
 
-from fewshot.cli.eval import EpisodeSettings, given_settings, method_label, result_identity
+from fewshot.cli.episode_settings import EpisodeSettings
+from fewshot.cli.eval import given_settings, result_identity
+from fewshot.cli.model_settings import method_label
 from fewshot.evaluation.episodes import EvalResult
 from fewshot.evaluation.stats import Difference, paired_ci, paired_seeds_ci, seeds_ci
 from fewshot.runtime.device import resolve_device

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from fewshot.cli.eval import ModelSettings
+from fewshot.cli.model_settings import ModelSettings
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import images_to_device
 from fewshot.datasets.folder import Listing, decode_listing, first_image, list_classes, list_images
