@@ -24,7 +24,8 @@ from fewshot.evaluation.stats import Difference
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.settings import build
 from fewshot.training.model_source import MODULE_PREFIX, Backbone, given_modules
-from fewshot.training.settings import PretrainSettings, RunSettings, TrainSettings
+from fewshot.training.run_settings import RunSettings
+from fewshot.training.settings import PretrainSettings, TrainSettings
 
 
 def _plain(value: Any) -> Any:

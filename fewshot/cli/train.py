@@ -15,10 +15,9 @@ from fewshot.runtime.io import load_checkpoint
 from fewshot.runtime.run_folder import RunFolder
 from fewshot.runtime.settings import Command, SettingError, check_fields, setting
 from fewshot.runtime.signals import Interrupted
+from fewshot.training.run_settings import CHANGEABLE_ON_RESUME, RunSettings
 from fewshot.training.settings import (
-    CHANGEABLE_ON_RESUME,
     PretrainSettings,
-    RunSettings,
     TrainSettings,
     checkpoint_settings,
     read_config_file,

@@ -24,12 +24,8 @@ from fewshot.methods import Method, build_method
 from fewshot.methods.pretraining import build_pretrain_method
 from fewshot.runtime.errors import FewshotError, summary
 from fewshot.runtime.io import load_checkpoint
-from fewshot.training.settings import (
-    RunSettings,
-    TrainSettings,
-    checkpoint_settings,
-    checkpoint_stage,
-)
+from fewshot.training.run_settings import RunSettings
+from fewshot.training.settings import TrainSettings, checkpoint_settings, checkpoint_stage
 from fewshot.training.state import Progress, RandomStreams
 
 GEOMETRY_KEYS = ("in_channels", "image_size")

@@ -15,7 +15,8 @@ from fewshot.methods.pretraining import build_pretrain_method
 from fewshot.methods.resplit import draw_resplits, draw_varied_resplits
 from fewshot.runtime.distributed import Distributed
 from fewshot.runtime.memory import MemoryTerm
-from fewshot.training.settings import PretrainSettings, RunSettings, TrainSettings
+from fewshot.training.run_settings import RunSettings
+from fewshot.training.settings import PretrainSettings, TrainSettings
 
 
 def rank_share(size: int, dist: Distributed) -> slice:

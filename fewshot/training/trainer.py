@@ -47,7 +47,8 @@ from fewshot.training.checkpoint import (
     without_fetch,
 )
 from fewshot.training.compiled import CompiledBackbone
-from fewshot.training.settings import PretrainSettings, RunSettings, TrainSettings
+from fewshot.training.run_settings import RunSettings
+from fewshot.training.settings import PretrainSettings, TrainSettings
 from fewshot.training.stages import batches_for
 from fewshot.training.state import Progress, RandomStreams
 
