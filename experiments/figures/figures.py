@@ -41,7 +41,8 @@ def reproduction_chart(out: Path) -> Path:
     """Here (accuracy ± 95% CI) against the paper's number, one panel per test shape."""
     rows = load(REPRODUCTION)["rows"]
     methods = list(dict.fromkeys(r["method"] for r in rows))
-    fig, axes = plt.subplots(1, len(SHAPES), figsize=(12, 3.6), sharey=True)
+    fig, grid = plt.subplots(2, 2, figsize=(8, 6.2), sharey=True)
+    axes = grid.flatten()
     for ax, (way, shot) in zip(axes, SHAPES, strict=True):
         at = {r["method"]: r for r in rows if (r["way"], r["shot"]) == (way, shot)}
         for y, method in enumerate(methods):
@@ -54,12 +55,12 @@ def reproduction_chart(out: Path) -> Path:
         ax.set_xlabel("accuracy (%)")
         ax.grid(axis="x", alpha=0.3)
     axes[0].set_yticks(range(len(methods)), methods)
-    axes[0].invert_yaxis()
+    axes[0].invert_yaxis()  # the axes share it
     axes[0].plot([], [], "o", color="C0", label="here, ± 95% CI")
     axes[0].plot([], [], "D", mfc="none", color="C3", label="paper")
     fig.legend(loc="lower center", ncol=2, frameon=False)
     fig.suptitle("Omniglot reproduction: 2000 seeded test episodes (no dot: no model yet)")
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     path = out / "reproduction.png"
     fig.savefig(path, **PNG)
     plt.close(fig)
