@@ -380,6 +380,15 @@ def test_the_tutorial_runs_as_written(tmp_path, tiny_omniglot_root, monkeypatch,
         assert f"]({picture})" in (REPO / GETTING_STARTED).read_text()
 
 
+def test_the_plugin_page_opens_with_its_tested_commands():
+    # tests/test_plugins.py runs the page's bash block; its opening example repeats some of it.
+    text = (REPO / PLUGIN_PAGE).read_text()
+    (opening,) = re.findall(r"^```sh\n(.*?)^```$", text, flags=re.M | re.S)
+    (tested, *_) = re.findall(r"^```bash\n(.*?)^```$", text, flags=re.M | re.S)
+    assert text.index(opening) < text.index("## ")
+    assert set(opening.splitlines()) <= set(tested.splitlines())
+
+
 # The README's headline tables, each number read from the result file it comes from.
 REPRODUCTION = REPO / "experiments" / "omniglot_reproduction" / "results.json"
 EHG_SEEDS = REPO / "experiments" / "ehg_seeds" / "results.json"
