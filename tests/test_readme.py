@@ -461,8 +461,20 @@ def test_readme_quickstart_figure_is_the_measured_one():
     )
 
 
+def readme_sentences() -> list[str]:
+    """The README's prose sentences: fenced blocks, tables, headings and comments left out."""
+    lines = prose(README).splitlines()
+    kept = [line for line in lines if not line.startswith(("|", "#", "<!--"))]
+    kept = [f"\n{line}" if line.startswith("- ") else line for line in kept]  # an item: a paragraph
+    paragraphs = [" ".join(p.split()) for p in "\n".join(kept).split("\n\n") if p.strip()]
+    return [s for p in paragraphs for s in re.split(r"(?<=[.!?])\s+(?=[A-Z`\[(*])", p)]
+
+
 def test_readme_is_short_and_shows_each_task():
     assert len(README.splitlines()) <= 120
+    # No sentence longer than two of the README's lines (100 characters each).
+    long = [s for s in readme_sentences() if len(s) > 200]
+    assert not long, long
     commands = [c for c in COMMANDS_OF_PAGES if c.page == "README.md"]
     paths = {c.path for c in commands}
     assert paths >= {("train",), ("eval",), ("compare",), ("predict",), ("pretrain",)}
