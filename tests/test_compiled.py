@@ -9,7 +9,7 @@ from torch import nn
 from trainers import make_trainer
 
 import fewshot.training.trainer
-from fewshot.methods.adaptation import VARIANTS
+from fewshot.methods.maml_family import VARIANTS
 from fewshot.runtime.settings import SettingError
 from fewshot.training.compiled import CompiledBackbone
 from fewshot.training.settings import TrainSettings

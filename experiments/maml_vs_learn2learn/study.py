@@ -24,7 +24,8 @@ from experiments.cli_runs import fewshot
 from experiments.ehg_convergence.study import MAML_SETTING, metrics
 from experiments.smoke import add_smoke_flag, apply_smoke
 from fewshot.methods import register_method
-from fewshot.methods.adaptation import AdaptationMethod, adaptation_builder
+from fewshot.methods.adaptation import AdaptationMethod
+from fewshot.methods.adaptation_builders import adaptation_builder
 
 # --smoke: 2 epochs of one step, a few episodes.
 SMOKE = {

@@ -12,15 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fewshot.heads import head_names
-from fewshot.methods.adaptation import (
-    MAML_TRAINING,
-    VARIANTS,
-    AdaptationMethod,
-    adaptation_builder,
-    unused_settings,
-)
+from fewshot.methods.adaptation import AdaptationMethod
+from fewshot.methods.adaptation_builders import adaptation_builder
 from fewshot.methods.base import Method
 from fewshot.methods.embedding import EmbeddingMethod, build_embedding_method
+from fewshot.methods.maml_family import MAML_TRAINING, VARIANTS, unused_settings
 from fewshot.methods.matching import build_matching_method
 from fewshot.methods.relation import build_relation_method
 from fewshot.runtime.errors import FewshotError

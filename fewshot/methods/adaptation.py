@@ -26,7 +26,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call, replace_all_batch_norm_modules_, vmap
 
-from fewshot.backbones import build_backbone
 from fewshot.backbones.conv4 import Conv4
 from fewshot.backbones.footprint import activation_elements
 from fewshot.hpo.hypergrad import Bilevel, aid_cg, rhg
@@ -39,77 +38,17 @@ from fewshot.methods.batching import (
     replica,
     resolve_batching,
 )
-from fewshot.methods.resplit import Shot, embed_varied, query_accuracy, resplit_episodes
+from fewshot.methods.maml_family import (
+    USUAL_INNER,
+    VARIANTS,
+    Network,
+    check_inner_loop,
+    split_problems,
+)
+from fewshot.methods.resplit import Shot, embed_varied, query_accuracy
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.memory import MemoryTerm
 from fewshot.runtime.precision import autocast_dtype, precision_name
-from fewshot.runtime.settings import SettingError
-
-VARIANTS = ("maml", "fomaml", "anil", "imaml")
-# iMAML's inner loops: every step on the support loss + proximal/2 |theta - init|^2 (the
-# paper's), or the steps on the support loss alone, then in training one step on the proximal
-# term, and at test time none (its authors' code, imaml_dev, which tests at lambda = 0).
-INNER_LOOPS = ("proximal", "pull_back")
-# The MAML paper's meta-optimisation, which these methods train with unless told otherwise;
-# contiguous tensors, since BatchNorm under vmap refuses channels_last on CUDA.
-MAML_TRAINING = {
-    "optimizer": "adam",
-    "lr": 1e-3,
-    "weight_decay": 0.0,
-    "lr_schedule": [],
-    "channels_last": False,
-}
-
-
-# The ranges the settings of the inner problem usually take (MAML: inner_lr 0.01 to 0.4, 1
-# to 10 steps; iMAML: proximal 0.5 to 2, up to 25 steps), widened: outside them, a value is
-# named as the likely cause of a diverged adaptation.
-USUAL_INNER = {"inner_lr": (1e-4, 1.0), "inner_steps": (1, 100), "proximal": (1e-2, 100.0)}
-
-
-def check_inner_loop(inner_loop: str) -> None:
-    """Refuse an iMAML inner loop that is not one of INNER_LOOPS."""
-    if inner_loop not in INNER_LOOPS:
-        raise ValueError(f"inner_loop must be one of {', '.join(INNER_LOOPS)}, got {inner_loop!r}")
-
-
-def unused_settings(variant: str) -> frozenset[str]:
-    """The training settings a variant never reads: the embedding heads', compile (the
-    variants differentiate through adapted weights, ANIL's backbone runs in threads on a CPU)
-    and, for the variants that adapt every layer under vmap, channels_last (BatchNorm inside
-    vmap cannot query a channels_last tensor on CUDA; ANIL runs its backbone outside vmap)."""
-    unused = {"head", "head_options", "eval_head_options", "label_smoothing", "compile"}
-    return frozenset(unused if variant == "anil" else unused | {"channels_last"})
-
-
-class Network(nn.Module):
-    """The adapted network: a backbone and a linear classifier with one output per class."""
-
-    def __init__(self, backbone: nn.Module, way: int):
-        super().__init__()
-        self.backbone = backbone
-        self.classifier = nn.Linear(backbone.out_dim, way)
-
-    def forward(self, images: torch.Tensor) -> torch.Tensor:
-        """Logits [N, way] of images [N, C, H, W]."""
-        return self.classifier(self.backbone(images))
-
-
-def _split(inputs: torch.Tensor, resplits: torch.Tensor | None, shot: Shot):
-    """Support [E, way*shot, ...] and query [E, way*Q, ...] of the U*B problems of inputs
-    [B, way, pool, ...], with their labels [way*shot] and [way*Q]; a varied episode's (B = 1)
-    support [U, sum of shots, ...], its real entries alone, the same length in every problem."""
-    b, way, pool = inputs.shape[:3]
-    rest = inputs.shape[3:]
-    query, support, support_labels, query_labels = resplit_episodes(
-        inputs.reshape(b, way, pool, -1), resplits, shot
-    )
-    return (
-        support.reshape(*support.shape[:2], *rest),
-        query.reshape(*query.shape[:2], *rest),
-        support_labels[0],
-        query_labels[0],
-    )
 
 
 @dataclass(frozen=True)
@@ -241,7 +180,7 @@ class AdaptationMethod(Method):
         return Bilevel(inner, outer, self.inner_lr)
 
     def _inputs(self, images: torch.Tensor, shot: Shot) -> torch.Tensor:
-        """What the problems adapt on: the images (`_split` takes a varied episode's real
+        """What the problems adapt on: the images (`split_problems` takes a varied episode's real
         ones, so the network never sees its padding), or for ANIL the embeddings
         [B, way, pool, d] of each episode's pool in one backbone pass (its BatchNorm
         statistics, as learn2learn's ANIL; a varied episode's real images alone), shared by the
@@ -262,7 +201,7 @@ class AdaptationMethod(Method):
         """lam (the initialisation, and ANIL's embeddings), the train and validation data of
         the problems of `inputs` (see `_inputs`)."""
         lam: dict = {"init": dict(self.adapted().named_parameters())}
-        support, query, ys, yq = _split(inputs, resplits, shot)
+        support, query, ys, yq = split_problems(inputs, resplits, shot)
         if self.variant == "anil":  # differentiable: the meta-gradient reaches the backbone
             lam.update(support=support, query=query)
             return lam, (None, ys), (None, yq), len(support)
@@ -540,111 +479,3 @@ class AdaptationMethod(Method):
         amp = "" if precision == "float32" else f", or --amp off: it adapts in {precision}"
         diverged = f"the inner adaptation diverged on them (fewer --inner-steps{amp})"
         self.check_scores(logits, features, diverged)
-
-
-def adaptation_builder(variant: str):
-    """The registry builder of one variant; its keyword options are the method's settings."""
-
-    def check(
-        settings: dict, inner_steps: int, inner_lr: float, eval_inner_steps, batching: str
-    ) -> None:
-        """The settings this method cannot run with, refused before any data is read."""
-        try:
-            check_batching(batching)
-        except ValueError as e:
-            raise SettingError("method_options", str(e)) from None
-        if inner_steps < 1:
-            raise SettingError("method_options", f"inner_steps must be >= 1, got {inner_steps}")
-        if eval_inner_steps is not None and eval_inner_steps < 0:
-            raise SettingError(
-                "method_options", f"eval_inner_steps must be >= 0, got {eval_inner_steps}"
-            )
-        if not inner_lr > 0:
-            raise SettingError("method_options", f"inner_lr must be > 0, got {inner_lr}")
-        if variant != "anil" and settings["backbone"] != "conv4":
-            raise SettingError(
-                "backbone",
-                f"must be conv4 for {variant}, which adapts every layer per episode (anil "
-                f"adapts the classifier alone and takes any backbone), got {settings['backbone']}",
-            )
-        if settings.get("val_way", settings["way"]) != settings["way"]:
-            raise SettingError(
-                "val_way",
-                f"must equal way ({settings['way']}) for {variant}: its classifier has one "
-                f"output per class, got {settings['val_way']}",
-            )
-
-    def network(settings: dict) -> nn.Module:
-        return build_backbone(
-            settings["backbone"],
-            settings["in_channels"],
-            settings["image_size"],
-            **settings["backbone_options"],
-        )
-
-    if variant == "imaml":
-
-        def build_imaml(
-            settings: dict,
-            *,
-            inner_steps: int = 5,
-            inner_lr: float = 0.1,
-            eval_inner_steps: int | None = None,
-            proximal: float = 1.0,
-            solver_steps: int = 5,
-            batching: str = "auto",
-            solver_proximal: float | None = None,
-            inner_loop: str = "proximal",
-        ) -> AdaptationMethod:
-            """iMAML: K steps on the support loss + proximal/2 |theta - init|^2, AID-CG;
-            `batching` as in `fewshot.methods.batching`. The meta-gradient solves
-            (I + H / solver_proximal) x = grad L_query with `solver_steps` CG steps, H the
-            support loss's Hessian at the adapted weights; solver_proximal defaults to
-            proximal (the paper's formula). A larger one damps the system: the iMAML authors'
-            code (imaml_dev) solves (2 I + H / (lambda + 10)) x = g, i.e. solver_proximal
-            = 2 (proximal + 10) = 24 at lambda = 2, with which its Omniglot results were run.
-            Undamped, the system is far from positive definite on a freshly initialised Conv-4
-            (support-Hessian eigenvalues of -95 to +95 in the BatchNorm-normalised conv weights,
-            lambda 2) and its CG solution is no descent direction: the model does not learn
-            (experiments/omniglot_zoo/README.md). `inner_loop` (INNER_LOOPS): the paper's
-            steps on the proximal problem, or its authors' code's (pull_back)."""
-            check(settings, inner_steps, inner_lr, eval_inner_steps, batching)
-            if not proximal > 0:
-                raise SettingError("method_options", f"proximal must be > 0, got {proximal}")
-            if solver_steps < 1:
-                raise SettingError(
-                    "method_options", f"solver_steps must be >= 1, got {solver_steps}"
-                )
-            if solver_proximal is not None and not solver_proximal > 0:
-                raise SettingError(
-                    "method_options", f"solver_proximal must be > 0, got {solver_proximal}"
-                )
-            try:
-                check_inner_loop(inner_loop)
-            except ValueError as e:
-                raise SettingError("method_options", str(e)) from None
-            return AdaptationMethod(
-                network(settings), settings["way"], variant, inner_steps, inner_lr,
-                eval_inner_steps, proximal, solver_steps, settings["amp"], batching,
-                solver_proximal, inner_loop,
-            )  # fmt: skip
-
-        return build_imaml
-
-    def build(
-        settings: dict,
-        *,
-        inner_steps: int = 1,
-        inner_lr: float = 0.4,
-        eval_inner_steps: int | None = None,
-        batching: str = "auto",
-    ) -> AdaptationMethod:
-        """MAML, first-order MAML or ANIL with K inner SGD steps of size inner_lr; `batching`
-        as in `fewshot.methods.batching`."""
-        check(settings, inner_steps, inner_lr, eval_inner_steps, batching)
-        return AdaptationMethod(
-            network(settings), settings["way"], variant, inner_steps, inner_lr,
-            eval_inner_steps, amp=settings["amp"], batching=batching,
-        )  # fmt: skip
-
-    return build

@@ -28,7 +28,7 @@ from fewshot.methods import (
     build_method,
     method_names,
 )
-from fewshot.methods.adaptation import VARIANTS
+from fewshot.methods.maml_family import VARIANTS
 from fewshot.methods.pretraining import PRETRAIN_CLASSIFIERS, build_pretrain_method
 from fewshot.methods.resplit import distinct_resplits
 from fewshot.runtime.errors import FewshotError
