@@ -31,7 +31,7 @@ from fewshot.datasets import REPO_DATA, load_split
 from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluation.episodes import episode_accuracies
 from fewshot.evaluation.stats import ci95
-from fewshot.methods.test_time_finetune import PmfAdapter, PmfOptions
+from fewshot.methods.pmf import PmfAdapter, PmfOptions
 from fewshot.runtime.device import DEVICES, resolve_device
 from fewshot.training.checkpoint import load_trained
 

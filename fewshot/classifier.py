@@ -31,7 +31,7 @@ from fewshot.datasets.augment import normalize_float
 from fewshot.datasets.folder import channels_of
 from fewshot.datasets.image_folder import converted, open_image, resized
 from fewshot.methods.embedding import EmbeddingMethod
-from fewshot.methods.test_time_finetune import PMF
+from fewshot.methods.pmf import PMF
 from fewshot.runtime.device import resolve_device
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.settings import build

@@ -9,7 +9,7 @@ from trainers import make_trainer
 from fewshot.datasets import REPO_DATA
 from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluation.episodes import episode_accuracies
-from fewshot.methods.test_time_finetune import PmfAdapter, PmfOptions
+from fewshot.methods.pmf import PmfAdapter, PmfOptions
 from fewshot.training.checkpoint import load_trained
 from fewshot.training.settings import TrainSettings
 

@@ -19,8 +19,8 @@ from fewshot.datasets.varied import VariedShape
 from fewshot.methods import build_method
 from fewshot.methods.base import Method
 from fewshot.methods.embedding import EmbeddingMethod, episode_seeds
+from fewshot.methods.pmf import PmfAdapter, PmfOptions
 from fewshot.methods.resplit import draw_varied_resplits, varied_entries
-from fewshot.methods.test_time_finetune import PmfAdapter, PmfOptions
 from fewshot.runtime.errors import FewshotError
 from fewshot.training.settings import TrainSettings
 

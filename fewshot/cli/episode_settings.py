@@ -35,7 +35,7 @@ from fewshot.evaluation.episodes import (
     evaluation_terms,
 )
 from fewshot.methods.base import Method
-from fewshot.methods.test_time_finetune import PMF, PmfAdapter, search_line
+from fewshot.methods.pmf import PMF, PmfAdapter, search_line
 from fewshot.runtime.device import device_setting
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.memory import check_memory

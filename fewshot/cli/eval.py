@@ -18,7 +18,7 @@ from fewshot.datasets.varied import varied_name
 from fewshot.evaluation.episodes import EvalResult, episode_records
 from fewshot.methods.base import Method
 from fewshot.methods.feature_cache import FOLDER as FEATURES
-from fewshot.methods.test_time_finetune import PMF, PmfAdapter
+from fewshot.methods.pmf import PMF, PmfAdapter
 from fewshot.runtime.device import resolve_device
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import atomic_write_json, check_writable, json_differences, prepare_output

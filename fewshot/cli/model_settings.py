@@ -9,7 +9,7 @@ from fewshot.heads import CLASSIFIERS, TRANSDUCTIVE, check_head, head_names
 from fewshot.methods.adaptation import AdaptationMethod
 from fewshot.methods.base import Method
 from fewshot.methods.embedding import EmbeddingMethod
-from fewshot.methods.test_time_finetune import PMF, PmfAdapter, PmfOptions
+from fewshot.methods.pmf import PMF, PmfAdapter, PmfOptions
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.precision import amp_setting
 from fewshot.runtime.settings import (

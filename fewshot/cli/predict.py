@@ -22,7 +22,7 @@ from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import images_to_device
 from fewshot.datasets.folder import Listing, decode_listing, first_image, list_classes, list_images
 from fewshot.methods.base import Method
-from fewshot.methods.test_time_finetune import PMF
+from fewshot.methods.pmf import PMF
 from fewshot.runtime.device import device_setting, resolve_device
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import atomic_write_json, atomic_write_text, prepare_output

@@ -93,7 +93,7 @@ class EmbeddingMethod(Method):
     # and products fit there (tests/test_nonfinite_scores.py: the unscaled model's accuracy).
     scale_remedy = "rescale or retrain it; --classifier logistic, fitted in float64, reads them"
     # A test-time classifier that fine-tunes the backbone on every episode (P>M>F, see
-    # fewshot.methods.test_time_finetune): (split, shot, device, stop) -> the episodes' solver.
+    # fewshot.methods.pmf): (split, shot, device, stop) -> the episodes' solver.
     adapter: Adapter | None = None
     # A frozen backbone's features on disk (`use_feature_cache`), else None: embedded anew.
     feature_cache: FeatureCache | None = None

@@ -19,7 +19,7 @@ from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluation.episodes import episode_accuracies, seeded_episodes
 from fewshot.methods.embedding import EmbeddingMethod
-from fewshot.methods.test_time_finetune import PmfAdapter, PmfOptions
+from fewshot.methods.pmf import PmfAdapter, PmfOptions
 from fewshot.runtime.errors import FewshotError
 from fewshot.training.checkpoint import load_trained
 
