@@ -23,8 +23,9 @@ from benchmarks.bench_ehg import sync
 from benchmarks.bench_throughput import device_name
 from fewshot.runtime.device import DEVICES, resolve_device
 from fewshot.training.compiled import COMPILE_MODES
+from fewshot.training.run_setup import read_data
 from fewshot.training.settings import TrainSettings, make_config
-from fewshot.training.trainer import Trainer, read_data
+from fewshot.training.trainer import Trainer
 
 
 def timed_steps(trainer: Trainer, steps: int) -> tuple[float, float]:

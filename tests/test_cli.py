@@ -376,7 +376,7 @@ def test_ctrl_c_outside_training_steps_is_one_line(capsys, monkeypatch, tmp_path
         raise KeyboardInterrupt
 
     # Ctrl-C while the data is read: no traceback, the shell's status for SIGINT.
-    module = "fewshot.training.trainer" if command == "train" else "fewshot.cli.episode_settings"
+    module = "fewshot.training.run_setup" if command == "train" else "fewshot.cli.episode_settings"
     monkeypatch.setattr(f"{module}.load_split", pressed)
     args = ["--out", str(tmp_path / "r")] if command == "train" else []
     args += ["--checkpoint", str(trained / "best.pt")] if command == "eval" else []

@@ -16,13 +16,14 @@ from fewshot.runtime.run_folder import RunFolder
 from fewshot.runtime.settings import Command, SettingError, check_fields, setting
 from fewshot.runtime.signals import Interrupted
 from fewshot.training.run_settings import CHANGEABLE_ON_RESUME, RunSettings
+from fewshot.training.run_setup import initial_weights
 from fewshot.training.settings import (
     PretrainSettings,
     TrainSettings,
     checkpoint_settings,
     read_config_file,
 )
-from fewshot.training.trainer import Trainer, initial_weights
+from fewshot.training.trainer import Trainer
 
 
 @dataclass(frozen=True)
