@@ -28,7 +28,7 @@ from fewshot.heads import (
     pt_map,
     tim,
 )
-from fewshot.methods.embedding import episode_seeds
+from fewshot.methods.adapters import episode_seeds
 from fewshot.runtime.errors import FewshotError
 from fewshot.training.checkpoint import load_trained
 

@@ -19,7 +19,7 @@ from fewshot.cli.main import main
 from fewshot.datasets.batches import images_to_device
 from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluation.episodes import episode_accuracies, seeded_episodes
-from fewshot.methods.embedding import own_statistics
+from fewshot.methods.adapters import own_statistics
 from fewshot.training.checkpoint import load_trained
 
 MODELS = Path(__file__).resolve().parents[1] / "models" / "omniglot"

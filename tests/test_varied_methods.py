@@ -17,8 +17,9 @@ from fewshot.datasets.augment import TrainAugment
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.varied import VariedShape
 from fewshot.methods import build_method
+from fewshot.methods.adapters import episode_seeds
 from fewshot.methods.base import Method
-from fewshot.methods.embedding import EmbeddingMethod, episode_seeds
+from fewshot.methods.embedding import EmbeddingMethod
 from fewshot.methods.pmf import PmfAdapter, PmfOptions
 from fewshot.methods.resplit import draw_varied_resplits, varied_entries
 from fewshot.runtime.errors import FewshotError

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
 
 import torch
 from torch import nn
@@ -24,6 +22,7 @@ from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import episode_images, images_to_device
 from fewshot.datasets.varied import VariedShape, index_shot
 from fewshot.heads import CLASSIFIERS, HEADS, REGULARISATION, TRANSDUCTIVE
+from fewshot.methods.adapters import Adapter, episode_seeds, own_statistics
 from fewshot.methods.base import (
     EpisodeSolver,
     Method,
@@ -33,13 +32,7 @@ from fewshot.methods.base import (
     scale_cause,
 )
 from fewshot.methods.feature_cache import FeatureCache, backbone_digest
-from fewshot.methods.resplit import (
-    Shot,
-    embed_varied,
-    episode_logits,
-    episode_loss,
-    query_accuracy,
-)
+from fewshot.methods.resplit import Shot, embed_varied, episode_logits, episode_loss, query_accuracy
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.memory import MemoryTerm
 from fewshot.runtime.precision import autocast_dtype, precision_name
@@ -50,38 +43,8 @@ EMBED_BATCH = 512
 # The learned scale's starting value per head: Meta-Baseline's cosine logits start at 10
 # (cosines alone are too flat for a softmax); the distance heads start at 1.
 INITIAL_SCALES = {"cosine": 10.0}
-BATCH_NORM_LAYERS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 # Why a test classifier's scores are non-finite when the features' scale is not the cause.
 CLASSIFIER_DIVERGED = "the classifier diverged on them (its options: --classifier-options)"
-
-
-@contextlib.contextmanager
-def own_statistics(module: nn.Module) -> Iterator[None]:
-    """Within it, the BatchNorm layers of `module` normalise every batch with its own
-    statistics and leave their running statistics as they are; as before on leaving."""
-    layers = [layer for layer in module.modules() if isinstance(layer, BATCH_NORM_LAYERS)]
-    before = [(layer.training, layer.track_running_stats) for layer in layers]
-    for layer in layers:
-        layer.training, layer.track_running_stats = True, False
-    try:
-        yield
-    finally:
-        for layer, (training, tracking) in zip(layers, before, strict=True):
-            layer.training, layer.track_running_stats = training, tracking
-
-
-class Adapter(Protocol):
-    """Adapts the backbone to each test episode (P>M>F's fine-tuning)."""
-
-    def __call__(
-        self, split: ImageSplit, shot: int | VariedShape, device: torch.device, stop: Stop | None
-    ) -> EpisodeSolver:
-        """The solver of `split`'s episodes."""
-
-    def memory_terms(
-        self, episodes: int, way: int, shot: int, device: torch.device
-    ) -> list[MemoryTerm]:
-        """What adapting to a batch of `episodes` episodes holds besides the evaluation."""
 
 
 class EmbeddingMethod(Method):
@@ -475,17 +438,6 @@ class EmbeddingMethod(Method):
             return torch.cat(accuracies)
 
         return solve
-
-
-def episode_seeds(index: torch.Tensor, seed: int) -> torch.Tensor:
-    """One seed per episode [B] (int64) from `seed` and the episode's image indices
-    [B, way, pool], its identity in the split: an episode gets the same seed in any batch, at
-    any position, with or without the cache."""
-    salt = f"{seed}:".encode()
-    rows = index.flatten(1).cpu().numpy().astype("<i8")
-    digests = [hashlib.blake2b(salt + row.tobytes(), digest_size=8).digest() for row in rows]
-    # 63 bits: a non-negative int64, as torch.Generator.manual_seed takes.
-    return torch.tensor([int.from_bytes(d, "little") >> 1 for d in digests], dtype=torch.long)
 
 
 def settings_backbone(settings: dict) -> nn.Module:

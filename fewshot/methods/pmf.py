@@ -28,8 +28,9 @@ from torch.func import functional_call, vmap
 from fewshot.datasets.augment import TrainAugment, normalize
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.varied import VariedShape, index_shot
+from fewshot.methods.adapters import episode_seeds
 from fewshot.methods.base import EpisodeSolver
-from fewshot.methods.embedding import EmbeddingMethod, episode_seeds
+from fewshot.methods.embedding import EmbeddingMethod
 from fewshot.methods.resplit import Shot
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.memory import MemoryTerm
