@@ -161,7 +161,7 @@ class EpisodeSettings(ModelSettings):
         side the backbone was made for, unless --resize)."""
         if beside is None:
             root = self.data_root
-            geometry, _ = frozen_geometry(
+            geometry = frozen_geometry(
                 backbone, dataset, root, self.split, self.resize, self.channels
             )
         else:

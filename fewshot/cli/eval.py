@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from fewshot.cli.episode_settings import EpisodeSettings
-from fewshot.cli.model_settings import ModelSettings, method_label
+from fewshot.cli.model_settings import ModelSettings, check_model_choice, method_label
 from fewshot.datasets import FOLDER, resolve_data_root
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.folder import list_split
@@ -101,10 +101,7 @@ class EvalSettings(EpisodeSettings):
     overwrite: bool = setting(False, help="replace a result of other settings at the --out path")
 
     def __post_init__(self) -> None:
-        if self.checkpoint is None and self.backbone is None:
-            raise SettingError("checkpoint", "is required, or --backbone for a frozen backbone")
-        if self.checkpoint is not None and self.backbone is not None:
-            raise SettingError("backbone", "and --checkpoint both name the model: give one")
+        check_model_choice(self.checkpoint, self.backbone)
         if self.backbone is not None and self.dataset is None:
             raise SettingError(
                 "dataset", "must be given with --backbone: a frozen backbone has no data set"

@@ -39,6 +39,14 @@ def method_label(config: dict) -> str:
     return f"--method {config['method']}" if "method" in config else "a pretrained model"
 
 
+def check_model_choice(checkpoint: str | None, backbone: str | None) -> None:
+    """Refuse a command given neither or both of --checkpoint and --backbone."""
+    if checkpoint is None and backbone is None:
+        raise SettingError("checkpoint", "is required, or --backbone for a frozen backbone")
+    if checkpoint is not None and backbone is not None:
+        raise SettingError("backbone", "and --checkpoint both name the model: give one")
+
+
 class ClassifierNames:
     """--classifier's names: every test-time classifier and pmf; `in` also finds a plug-in
     head (entry point group `fewshot.heads`), which classifies frozen features as any does."""

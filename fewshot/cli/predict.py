@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from fewshot.cli.model_settings import ModelSettings
+from fewshot.cli.model_settings import ModelSettings, check_model_choice
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import images_to_device
 from fewshot.datasets.folder import Listing, decode_listing, first_image, list_classes, list_images
@@ -135,10 +135,7 @@ class PredictSettings(ModelSettings):
         return frozen_model(backbone, None, None, (channels, side), device, self.amp)
 
     def __post_init__(self) -> None:
-        if self.checkpoint is None and self.backbone is None:
-            raise SettingError("checkpoint", "is required, or --backbone for a frozen backbone")
-        if self.checkpoint is not None and self.backbone is not None:
-            raise SettingError("backbone", "and --checkpoint both name the model: give one")
+        check_model_choice(self.checkpoint, self.backbone)
         if self.backbone is None:
             refuse_unused(self, ["resize"], "a checkpoint (it reads images at its own size)")
         super().__post_init__()

@@ -232,32 +232,17 @@ def first_misfit(state: dict[str, torch.Tensor], want: dict[str, torch.Size]) ->
 
 
 def backbone_weights(settings: RunSettings, geometry: tuple[int, int]) -> dict[str, torch.Tensor]:
-    """The state dict of --backbone-weights keyed as the run's backbone (`read_weights`)."""
-    return read_weights(
-        settings.backbone_weights,
-        settings.backbone,
-        settings.backbone_options,
-        geometry,
-        backbone_shapes(settings, geometry),
-    )
-
-
-def read_weights(
-    path: str | Path,
-    name: str,
-    options: dict,
-    geometry: tuple[int, int],
-    want: dict[str, torch.Size],
-) -> dict[str, torch.Tensor]:
-    """The state dict file of --backbone-weights keyed as backbone `name` (`fit_weights`),
-    refused in one line when it is a fewshot checkpoint."""
+    """The state dict of --backbone-weights keyed as the run's backbone (`fit_weights`),
+    refused in one line when it is a fewshot checkpoint (a run starts from one by --init)."""
+    path = settings.backbone_weights
     state = weights_file(path)
     if "config" in state and "model" in state:
         raise FewshotError(
             f"--backbone-weights {path} is a fewshot checkpoint, not a backbone's state dict: "
             "start from it with --init"
         )
-    return fit_weights(state, path, name, options, geometry, want)
+    want = backbone_shapes(settings, geometry)
+    return fit_weights(state, path, settings.backbone, settings.backbone_options, geometry, want)
 
 
 def weights_file(path: str | Path) -> dict:

@@ -323,13 +323,13 @@ def frozen_geometry(
     split: str,
     resize: int | None,
     channels: int | None,
-) -> tuple[tuple[int, int], int | None]:
-    """(channels, side) a frozen backbone reads `dataset` at, from metadata (no image read),
-    and the --resize that gives it: a folder data set is resized to the side the backbone was
-    made for unless --resize says otherwise; a built-in one keeps its own."""
+) -> tuple[int, int]:
+    """(channels, side) a frozen backbone reads `dataset` at, from metadata (no image read):
+    a folder data set at the side the backbone was made for unless --resize says otherwise;
+    a built-in one at its own."""
     if dataset == FOLDER and resize is None:
         resize = backbone.input_size()
-    return dataset_geometry(dataset, data_root, split, resize, channels), resize
+    return dataset_geometry(dataset, data_root, split, resize, channels)
 
 
 def use_feature_cache(method: EmbeddingMethod) -> None:
