@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from experiments.cli_runs import fewshot
-from experiments.ehg_convergence.study import MAML_SETTING, metrics
+from experiments.ehg_convergence.layout import MAML_SETTING, metrics
 from experiments.smoke import add_smoke_flag, apply_smoke
 from fewshot.methods import register_method
 from fewshot.methods.adaptation import AdaptationMethod

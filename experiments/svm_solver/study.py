@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from experiments.cli_runs import fewshot
-from experiments.ehg_convergence.study import metrics
+from experiments.ehg_convergence.layout import metrics
 from experiments.smoke import add_smoke_flag, omniglot_root, smoke_folder
 
 ARMS = {
