@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from experiments.ehg_seeds import report as seeds_report
 from experiments.ehg_seeds import study as seeds
 from experiments.smoke import add_smoke_flag, apply_smoke
 from fewshot.datasets import load_split
@@ -165,8 +166,8 @@ def part_heads(args: argparse.Namespace) -> dict:
             d = paired_seeds_ci(by_amp["off"], by_amp["bf16"])
             episodes = [
                 paired_ci(
-                    seeds.episode_acc(models[head, "off", s], way),
-                    seeds.episode_acc(models[head, "bf16", s], way),
+                    seeds_report.episode_acc(models[head, "off", s], way),
+                    seeds_report.episode_acc(models[head, "bf16", s], way),
                 )
                 for s in shared
             ]
@@ -222,7 +223,7 @@ def tables(trainval: dict, heads: dict, args: argparse.Namespace) -> str:
             per_seed = e["bf16 - float32 per episode, each seed"]
             clear = sum(abs(x["mean"]) > x["ci95"] for x in per_seed)
             lines.append(
-                f"| {seeds.HEAD_NAMES[head]} | {key} | {e['float32'][0]:.2f} ± "
+                f"| {seeds_report.HEAD_NAMES[head]} | {key} | {e['float32'][0]:.2f} ± "
                 f"{e['float32'][1]:.2f} | {e['bf16'][0]:.2f} ± {e['bf16'][1]:.2f} | "
                 f"{signed(e['bf16 - float32 across seeds'])} | {clear}/{len(e['float32'][2])} |"
             )
