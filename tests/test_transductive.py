@@ -1,14 +1,22 @@
 """Transductive classifiers against independent float64 references: numpy for BD-CSPN and
-PT-MAP, a plain per-episode PyTorch loop for TIM; batching, query order, a shifted query domain."""
+PT-MAP, a plain per-episode PyTorch loop for TIM; batching, query order, a shifted query domain;
+PT-MAP on real 20-way episodes; the benchmark's smoke run."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
 import torch
+from test_benchmarks import run
 
+from benchmarks import bench_transductive
+from fewshot.datasets import REPO_DATA
+from fewshot.datasets.batches import images_to_device
 from fewshot.heads import CLASSIFIERS, HEADS, TRANSDUCTIVE, bd_cspn, centroid, pt_map, tim
 from fewshot.runtime.errors import FewshotError
+from fewshot.training.checkpoint import load_trained
 
 WAY, SHOT, QUERIES, DIM = 3, 2, 4, 5  # 4 queries per class
 FAST_TIM = {"steps": 40, "lr": 1e-2}  # W moves far in few steps: a reference that tests something
@@ -180,6 +188,39 @@ def test_pt_map_episodes_stop_their_sinkhorn_each_at_its_own_iteration():
         np.testing.assert_allclose(logits[b].numpy(), expected, rtol=0, atol=1e-9)
 
 
+def test_pt_map_on_real_twenty_way_episodes_matches_numpy(omniglot_test):
+    # The zoo ProtoNet's features of 20 test classes' drawings, two 20-way 1-shot 15-query
+    # episodes: each Sinkhorn runs hundreds of iterations here (the batched products and the
+    # per-block test against the code's loop and its test at every iteration).
+    checkpoint = REPO_DATA.parent / "models" / "omniglot" / "protonet_conv4_trainval.pt"
+    method, _ = load_trained(checkpoint, torch.device("cpu"))
+    index = torch.cat([torch.nonzero(omniglot_test.labels == c)[:16, 0] for c in range(20)])
+    with torch.no_grad():
+        features = method.embed(images_to_device(omniglot_test, index, torch.device("cpu")))
+    features = features.view(20, 16, -1)
+    gen = torch.Generator().manual_seed(13)
+    drawings = torch.stack([torch.randperm(16, generator=gen) for _ in range(2 * 20)])
+    chosen = features[torch.arange(20).repeat(2)[:, None], drawings].view(2, 20, 16, -1)
+    support, query = chosen[:, :, 0], chosen[:, :, 1:].flatten(1, 2)
+    labels = torch.arange(20).expand(2, -1)
+    logits = pt_map(query, support, labels, 20, 1)
+    settings = {"beta": 0.5, "lam": 10.0, "alpha": 0.2, "steps": 30, "epsilon": 1e-6}
+    settings |= {"center": True, "tol": 1e-6}
+    query_labels = torch.arange(20).repeat_interleave(15)
+    for b in range(2):
+        expected = reference_pt_map(
+            query[b].double().numpy(),
+            support[b].double().numpy(),
+            labels[b].numpy(),
+            20,
+            **settings,
+        )
+        np.testing.assert_allclose(logits[b].double().numpy(), expected, rtol=1e-6, atol=1e-6)
+        # The same predictions, so the same per-episode accuracy.
+        assert torch.equal(logits[b].argmax(1), torch.from_numpy(expected.argmax(1)))
+        assert (logits[b].argmax(1) == query_labels).double().mean() > 0.5  # chance: 0.05
+
+
 METHODS = {"bd-cspn": (bd_cspn, {}), "tim": (tim, FAST_TIM), "pt-map": (pt_map, {})}
 
 
@@ -297,3 +338,25 @@ def test_cuda_equals_cpu(name):
     on_gpu = method(query.to(cuda), support.to(cuda), labels.to(cuda), 5, 5, **options)
     assert on_gpu.device.type == "cuda" and on_gpu.dtype == torch.float32
     torch.testing.assert_close(on_gpu.cpu(), on_cpu, rtol=1e-4, atol=1e-4)
+
+
+def test_bench_transductive_smoke(monkeypatch, capsys):
+    monkeypatch.delenv("FEWSHOT_DATA", raising=False)  # Omniglot from the repository's data/
+    out = run(monkeypatch, capsys, bench_transductive, "--smoke", "--device", "cpu")
+    assert "2 seeded 1-shot 15-query (seed 0), 2 a call" in out, out
+    number = r"\d+\.\d+"
+    embed = float(re.search(rf"images embedded once in ({number}) s", out)[1])
+    for way in (5, 20):
+        evaluations = {}
+        for name in ("centroid", *sorted(TRANSDUCTIVE)):
+            row = rf"^ *{way} {name} +({number}) +({number}) +({number})x +({number}) ± {number}$"
+            figures = re.search(row, out, re.M)
+            assert figures, out
+            seconds, evaluations[name], ratio, accuracy = map(float, figures.groups())
+            assert evaluations[name] == pytest.approx(embed + seconds, abs=0.02)
+            # Both evaluations printed to 0.01 s: their ratio to a few percent.
+            expected = evaluations[name] / evaluations["centroid"]
+            assert ratio == pytest.approx(expected, rel=0.05, abs=0.02)
+            assert 50 < accuracy <= 100
+    goal = r"^goal: pt-map's evaluation at most 3x centroid's at 20 ways: (met|MISSED)$"
+    assert re.search(goal, out, re.M), out

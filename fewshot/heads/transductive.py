@@ -26,6 +26,10 @@ from fewshot.runtime.errors import FewshotError
 SINKHORN_MAX_ITERS = 1000  # PT-MAP's code: compute_optimal_transport's maxiters
 # Sinkhorn iterations between the host's looks at which episodes go on.
 SINKHORN_BLOCK = 16
+# On a CPU, Sinkhorn's episodes in groups of at most this much kernel (float64). On a 2-core
+# EPYC (1 MiB L2 a core), twenty-way episodes (47 KiB each) ran fastest 32-42 at a time: in
+# smaller groups the per-operation overhead counts, in batches of 200 the memory traffic.
+SINKHORN_CACHE_BYTES = 1 << 21
 
 
 def bd_cspn(
@@ -276,47 +280,69 @@ def _sinkhorn(cost: torch.Tensor, lam: float, column_mass: float, tol: float) ->
     queries' sums change by at most tol in an iteration (PT-MAP's code's test), per episode: a
     converged episode stays as it is while the others go on.
 
+    On a CPU the episodes go SINKHORN_CACHE_BYTES of kernel at a time, each group through all
+    its iterations: an iteration reads the kernel twice, and a group that stays in cache does
+    not wait on memory (20-way episodes: benchmarks/bench_transductive.py).
+    """
+    if cost.device.type != "cpu":
+        return _sinkhorn_episodes(cost, lam, column_mass, tol)
+    group = max(1, SINKHORN_CACHE_BYTES // (cost[0].numel() * cost.element_size()))
+    return torch.cat([_sinkhorn_episodes(c, lam, column_mass, tol) for c in cost.split(group)])
+
+
+def _sinkhorn_episodes(
+    cost: torch.Tensor, lam: float, column_mass: float, tol: float
+) -> torch.Tensor:
+    """`_sinkhorn` of these episodes together.
+
     The plan is kept as its scalings, plan = classes[:, :, None] * kernel * queries[:, None, :]:
-    an iteration is two products of the kernel with a vector. The host looks at the episodes
-    once per SINKHORN_BLOCK iterations (on a GPU, the only synchronisation): it stops when
-    none goes on, and drops those done from the batch, whose later iterations cost nothing.
+    an iteration is two batched products, a row vector [B, 1, .] times the kernel or its
+    transposed view (on a CPU several times faster than an elementwise product and a sum, or
+    the kernel times a column), and two reciprocals. The test runs once per SINKHORN_BLOCK
+    iterations on all of the block's sums at once, and takes each episode's scalings from the
+    first iteration that passed it; the host then looks at the episodes (on a GPU, the only
+    synchronisation): it stops when none goes on, and drops those done from the batch, whose
+    later iterations cost nothing.
     """
     # A query's constant factor cancels at the first scaling (so does the code's division by
     # the total): subtracting each query's smallest cost keeps exp() from underflowing
     # whatever lam, and changes no iterate.
     kernel = torch.exp(-lam * (cost - cost.amin(1, keepdim=True)))
-    episodes, classes_count, _ = kernel.shape
-    queries = torch.ones_like(kernel[:, 0])
-    classes = kernel.new_ones(episodes, classes_count)
-    spread = kernel.sum(1)  # the kernel's product with the class scalings [B, n]
-    sums = queries * spread  # each query's total assignment
-    # Each episode's scalings as the last block left them: its final ones once it is done.
-    final_queries, final_classes = queries.clone(), classes.clone()
-    going = torch.arange(episodes, device=kernel.device)  # the episodes still in the batch
-    active = torch.ones(episodes, dtype=torch.bool, device=kernel.device)
+    spread = kernel.sum(1, keepdim=True)  # the class scalings times the kernel [B, 1, n]
+    sums = spread  # each query's total assignment, its scaling starting at 1
+    final_queries = torch.empty_like(spread)
+    final_classes = torch.empty_like(kernel[:, :, :1]).transpose(1, 2)
+    going = torch.arange(len(kernel), device=kernel.device)  # the episodes still in the batch
     work = kernel
     for start in range(0, SINKHORN_MAX_ITERS, SINKHORN_BLOCK):
-        for iteration in range(start, min(start + SINKHORN_BLOCK, SINKHORN_MAX_ITERS)):
-            # Episodes done iterate on, but keep the scalings they stopped at: `active` never
-            # comes back, so only the scalings need holding.
-            new_queries = 1 / spread
-            new_classes = column_mass / (work * new_queries.unsqueeze(1)).sum(2)
-            spread = (work * new_classes.unsqueeze(2)).sum(1)
-            queries = torch.where(active.unsqueeze(1), new_queries, queries)
-            classes = torch.where(active.unsqueeze(1), new_classes, classes)
-            new_sums = new_queries * spread
+        across = work.transpose(1, 2)
+        queries, classes, spreads = [], [], []  # as rows: [b, 1, n], [b, 1, k], [b, 1, n]
+        for _ in range(min(SINKHORN_BLOCK, SINKHORN_MAX_ITERS - start)):
+            # x.reciprocal() * a is what a / x computes for a tensor x: the same rounding.
+            queries.append(spread.reciprocal())
+            classes.append(torch.bmm(queries[-1], across).reciprocal_().mul_(column_mass))
+            spread = torch.bmm(classes[-1], work)
+            spreads.append(spread)
+        block_queries = torch.stack(queries)  # [T, b, 1, n]
+        block_sums = block_queries * torch.stack(spreads)
+        changes = (torch.cat([sums[None], block_sums[:-1]]) - block_sums).abs().amax((2, 3))
+        if start == 0:
             # The first sums have exp()'s arbitrary scale: no test (the code's never passes).
-            if iteration > 0:
-                active = active & ((sums - new_sums).abs().amax(1) > tol)
-            sums = new_sums
-        final_queries[going], final_classes[going] = queries, classes
-        left = active.nonzero()[:, 0]  # one host sync per block
+            changes[0] = float("inf")
+        done = ~(changes > tol)  # [T, b]; as the code's test, a NaN change stops
+        steps = torch.arange(len(queries), device=kernel.device).unsqueeze(1)
+        # The first iteration that passed, else the block's last (the episode goes on).
+        at = torch.where(done, steps, len(queries) - 1).amin(0)
+        rows = torch.arange(len(going), device=kernel.device)
+        final_queries[going] = block_queries[at, rows]
+        final_classes[going] = torch.stack(classes)[at, rows]
+        sums = block_sums[-1]
+        left = (~done.any(0)).nonzero()[:, 0]  # one host sync per block
         if len(left) == 0:
             break
         if len(left) < len(going):
-            going, work, active = going[left], work[left], active[left]
-            queries, classes, spread, sums = queries[left], classes[left], spread[left], sums[left]
-    return final_classes.unsqueeze(2) * kernel * final_queries.unsqueeze(1)
+            going, work, spread, sums = going[left], work[left], spread[left], sums[left]
+    return final_classes.transpose(1, 2) * kernel * final_queries
 
 
 __all__ = ["SINKHORN_MAX_ITERS", "bd_cspn", "pt_map", "tim"]
