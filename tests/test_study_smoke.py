@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from datafiles import write_digits
+from datafiles import jpeg, write_digits, write_tar
 
 from experiments.smoke import OMNIGLOT_CLASSES, omniglot_root, smoke_folder
 from fewshot.datasets import load_split
@@ -390,6 +390,31 @@ def check_pretraining(out: Path, printed: str) -> None:
     assert len(record["ehg"]["20-way 5-shot"]["u5"]) == 2
 
 
+def check_cross_domain(out: Path, printed: str) -> None:
+    record = load(out / "results.json")
+    rows = record["rows"]
+    assert len(rows) == 10  # seven zoo models, the pretrained ResNet-12, two floors
+    assert all(set(sets) == {"mnist", "fashion_mnist", "cifar10"} for sets in rows.values())
+    for label, sets in rows.items():
+        for name, cells in sets.items():
+            cell = cells["2"]
+            gain = cell["logistic"]["accuracy"] - cell["centroid"]["accuracy"]
+            assert cell["logistic − centroid"]["mean"] == pytest.approx(gain, abs=1e-4)
+            stem = "_".join(re.findall(r"[a-z0-9]+", label.lower())) + f"_{name}_2shot"
+            evaluation = load(out / "evals" / f"{stem}_centroid.json")
+            assert evaluation["stage"] == "frozen"
+            assert evaluation["episodes"] in (record["episodes"], record["maml_episodes"])
+            assert cell["centroid"]["accuracy"] == pytest.approx(evaluation["accuracy"], abs=1e-4)
+            assert not Path(evaluation["data_root"]).is_absolute()  # no machine's path
+            assert ("centroid − floor" in cell) == ("floor" not in label)
+    assert set(record["pmf_rows"]) == {"ProtoNet (trainval)", "ResNet-12 pretrained"}
+    tuned = load(out / "evals" / "protonet_trainval_cifar10_2shot_checkpoint_pmf_lr0.001.json")
+    assert tuned["classifier"] == "pmf" and tuned["pmf_lr"] == 1e-3
+    images = list((out / "runs" / "cross_domain_data" / "cifar10" / "test").glob("*/*.png"))
+    assert len(images) == 10 * 4  # every class cut to its first 4 images
+    assert "**Fashion-MNIST**" in (out / "results.md").read_text()
+
+
 def check_pmf(out: Path, printed: str) -> None:
     record = load(out / "results.json")
     rows = record["rows"]
@@ -585,6 +610,12 @@ DRIVERS = {
         ("results.json", "results.md"),
         check_pretraining,
     ),
+    "cross_domain": Driver(
+        "experiments.cross_domain.study",
+        ("--out", "{out}", "--source", "{cross_domain_source}", *OMNIGLOT),
+        ("results.json", "results.md"),
+        check_cross_domain,
+    ),
     "pmf_omniglot": Driver(
         "experiments.pmf_omniglot.study",
         ("--out", "{out}", *OMNIGLOT),
@@ -612,6 +643,7 @@ DRIVERS = {
 }
 # Over ~20 s each on the project's loaded 2-core CPU.
 SLOW = {
+    "cross_domain",
     "ehg_convergence",
     "ehg_adaptation",
     "pmf_omniglot",
@@ -632,6 +664,20 @@ def smoke_omniglot(tmp_path_factory) -> Path:
 def digits_10000(tmp_path_factory) -> Path:
     """MNIST-like files of the image-regularization task's sizes (10000 training and test)."""
     return write_digits(tmp_path_factory.mktemp("digits"), n_train=10000, n_test=10000)
+
+
+@pytest.fixture(scope="module")
+def cross_domain_source(tmp_path_factory) -> Path:
+    """Small stand-ins of the cross-domain study's sources: MNIST and Fashion-MNIST IDX files,
+    CIFAR-10's test JPEGs in class folders in a tar.gz (ten classes of six shades)."""
+    root = write_digits(tmp_path_factory.mktemp("cross_domain"), n_train=10, n_test=200)
+    members = {
+        f"cifar10_jpeg/test/class{c}/{i:04d}.jpg": jpeg((25 * c, 40 * i, 255 - 25 * c))
+        for c in range(10)
+        for i in range(6)
+    }
+    write_tar(root / "cifar10_jpeg" / "test.tar.gz", members)
+    return root
 
 
 @pytest.fixture(autouse=True)
