@@ -650,8 +650,14 @@ SLOW = {
     "pretraining_omniglot",
     "resnet12_rehearsal",
 }
-# Modules of the study folders that are not drivers: the rehearsal's image generator.
-HELPERS = {"experiments.resnet12_rehearsal.synthetic"}
+# Modules of the study folders that are not drivers: the rehearsal's image generator, the
+# ehg_convergence driver's layout and report, the ehg_seeds driver's report.
+HELPERS = {
+    "experiments.resnet12_rehearsal.synthetic",
+    "experiments.ehg_convergence.layout",
+    "experiments.ehg_convergence.report",
+    "experiments.ehg_seeds.report",
+}
 
 
 @pytest.fixture(scope="module")
