@@ -353,10 +353,12 @@ def test_bench_transductive_smoke(monkeypatch, capsys):
             figures = re.search(row, out, re.M)
             assert figures, out
             seconds, evaluations[name], ratio, accuracy = map(float, figures.groups())
-            assert evaluations[name] == pytest.approx(embed + seconds, abs=0.02)
-            # Both evaluations printed to 0.01 s: their ratio to a few percent.
-            expected = evaluations[name] / evaluations["centroid"]
-            assert ratio == pytest.approx(expected, rel=0.05, abs=0.02)
+            # The embedding's seconds are printed to 0.1, the others to 0.01.
+            assert evaluations[name] == pytest.approx(embed + seconds, abs=0.06)
+            # Both evaluations printed to 0.01 s, the ratio to 0.01: within what they allow.
+            low = (evaluations[name] - 0.005) / (evaluations["centroid"] + 0.005) - 0.005
+            high = (evaluations[name] + 0.005) / max(evaluations["centroid"] - 0.005, 1e-9)
+            assert low <= ratio <= high + 0.005, out
             assert 50 < accuracy <= 100
     goal = r"^goal: pt-map's evaluation at most 3x centroid's at 20 ways: (met|MISSED)$"
     assert re.search(goal, out, re.M), out
