@@ -177,16 +177,17 @@ class FewShotClassifier:
         return [self.classes_[i] for i in best]
 
     def _load(self, first: Images) -> Model:
-        """The model: the checkpoint's, or the frozen backbone's for images like the first
-        support image (its channels; the backbone's side, else `image_size` or the image's)."""
+        """The model: the checkpoint's, or the frozen backbone's at the geometry it was made
+        for where it says, else the first support image's (`image_size` sets the side)."""
         if self.backbone is None:
             model = _checked(lambda: checkpoint_model(self.source, self.device))
         else:
             channels, side = _geometry(first)
-            side = self.image_size or self.backbone.input_size() or side
+            made_for = _checked(self.backbone.input_geometry)
+            geometry = made_for[0] or channels, self.image_size or made_for[1] or side
             model = _checked(
                 lambda: frozen_model(
-                    self.backbone, None, None, (channels, side), self.device, self.settings.amp
+                    self.backbone, None, None, geometry, self.device, self.settings.amp
                 )
             )
         _checked(lambda: self.settings.prepare(model.method, model.config))

@@ -361,3 +361,16 @@ class Repeat3(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The channel repeated three times."""
         return x.expand(-1, 3, -1, -1)
+
+
+def test_a_frozen_backbone_fine_tunes_at_test_time(tmp_path, tiny_omniglot_root):
+    """P>M>F's fine-tuning of a frozen backbone (through nearest centroid, the prototype head
+    at scale 1): with lr 0 it is nearest centroid itself, episode by episode."""
+    flags = [*episodes_flags(tiny_omniglot_root), "--episodes", "4"]
+    lent = ["--backbone", "conv4", "--backbone-weights", str(PROTONET), "--dataset", "omniglot"]
+    pmf = ["--classifier", "pmf", "--classifier-options"]
+    still = evaluation([*lent, *flags, *pmf, '{"steps": 2, "lr": 0}'], tmp_path / "a.json")
+    centroid = evaluation([*lent, *flags], tmp_path / "b.json")
+    assert still["accuracies"] == centroid["accuracies"] and still["classifier"] == "pmf"
+    tuned = evaluation([*lent, *flags, *pmf, '{"steps": 2, "lr": 0.01}'], tmp_path / "c.json")
+    assert tuned["accuracies"] != centroid["accuracies"]  # it fine-tuned

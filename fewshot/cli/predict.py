@@ -124,15 +124,15 @@ class PredictSettings(ModelSettings):
         return [self.backbone] if self.backbone else []
 
     def model(self, support: Listing, device: torch.device) -> Model:
-        """The checkpoint's model, or the frozen backbone's for images like the support's
-        first (its channels; the side the backbone was made for, else --resize or the
-        image's)."""
+        """The checkpoint's model, or the frozen backbone's at the geometry it was made for
+        where it says, else the support's first image's (--resize sets the side)."""
         if self.checkpoint is not None:
             return checkpoint_model(self.checkpoint, device)
         backbone = self.frozen(self.backbone)
         _, (channels, width, height) = first_image(support)
-        side = self.resize or backbone.input_size() or max(width, height)
-        return frozen_model(backbone, None, None, (channels, side), device, self.amp)
+        made_for = backbone.input_geometry()
+        geometry = made_for[0] or channels, self.resize or made_for[1] or max(width, height)
+        return frozen_model(backbone, None, None, geometry, device, self.amp)
 
     def __post_init__(self) -> None:
         check_model_choice(self.checkpoint, self.backbone)

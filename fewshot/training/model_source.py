@@ -11,6 +11,7 @@ pretrained model with no classifier of its own: nearest centroid unless `--class
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import re
@@ -36,6 +37,7 @@ from fewshot.training.checkpoint import (
     checkpoint_file,
     fit_weights,
     load_trained,
+    normalization,
     weights_file,
 )
 
@@ -123,28 +125,32 @@ class Backbone:
         """How messages name it: `--backbone NAME`, or the module's name."""
         return self.name if self.module is not None else f"--backbone {self.name}"
 
-    def input_size(self) -> int | None:
-        """The square side the backbone was made for, where it says (a library model's
-        config, timm's `pretrained_cfg` or an `image_size` of a module), else None."""
-        if self.image_size is not None:
-            return self.image_size
+    def input_geometry(self) -> tuple[int | None, int | None]:
+        """(channels, side) the backbone was made for, each None where it does not say: the
+        checkpoint that lends its weights (both), a library model's config, timm's
+        `pretrained_cfg` or an `image_size` of a module (the side)."""
         given = self._given_input()
-        return given[0] if given else None
+        side = self.image_size or (given[1] if given else None)
+        return (given[0] if given else None), side
 
-    def _given_input(self) -> tuple[int, tuple, tuple] | None:
-        """(side, mean, std) the backbone says it takes, or None."""
-        if self.module is None:
-            if not library_name(self.name):
-                return None
-            given = model_input(self.name, self.options)
-            return (given.side, given.mean, given.std) if given else None
-        config = getattr(self.module, "pretrained_cfg", None)  # a timm model's
-        if isinstance(config, dict) and {"input_size", "mean", "std"} <= set(config):
-            return config["input_size"][-1], tuple(config["mean"]), tuple(config["std"])
-        given = getattr(self.module, "model_input", None)  # fewshot's LibraryBackbone
-        if given is not None:
-            return given.side, given.mean, given.std
-        return None
+    def _given_input(self) -> tuple[int | None, int, tuple, tuple] | None:
+        """(channels or None, side, mean, std) the backbone says it takes, or None."""
+        if self.module is not None:
+            config = getattr(self.module, "pretrained_cfg", None)  # a timm model's
+            if isinstance(config, dict) and {"input_size", "mean", "std"} <= set(config):
+                size, mean, std = config["input_size"], config["mean"], config["std"]
+                return size[0], size[-1], tuple(mean), tuple(std)
+            given = getattr(self.module, "model_input", None)  # fewshot's LibraryBackbone
+            return (None, given.side, given.mean, given.std) if given is not None else None
+        lent = lent_config(self.weights) if self.weights else None
+        if lent is not None:  # as the model was trained: its geometry and normalisation
+            scale = normalization(lent, lent.get("dataset"), self.weights)
+            mean, std = tuple(scale.get("mean", ())), tuple(scale.get("std", ()))
+            return lent.get("in_channels"), lent.get("image_size"), mean, std
+        if not library_name(self.name):
+            return None
+        given = model_input(self.name, self.options)
+        return (None, given.side, given.mean, given.std) if given else None
 
     def own_normalization(self, channels: int) -> tuple[tuple, tuple] | None:
         """The backbone's own (mean, std) for `channels`-channel images as --normalization
@@ -152,17 +158,17 @@ class Backbone:
         if self.normalization == "dataset":
             return None
         if self.mean is not None and self.std is not None:
-            given = (0, self.mean, self.std)
+            given = (None, 0, self.mean, self.std)
         else:
             given = self._given_input()
-        if given is None or len(given[1]) != channels:
+        if given is None or len(given[2]) != channels:
             if self.normalization == "backbone":
                 raise FewshotError(
                     f"--normalization backbone: {self.label} gives no mean and std for "
                     f"{channels}-channel images"
                 )
             return None
-        return tuple(given[1]), tuple(given[2])
+        return tuple(given[2]), tuple(given[3])
 
     def build(self, geometry: tuple[int, int], device: torch.device) -> tuple[nn.Module, bool]:
         """The backbone for (channels, side) images with its weights, frozen in eval mode on
@@ -170,7 +176,7 @@ class Backbone:
         backbone: each episode's are used); one line on an unknown name, options or images
         it cannot take, or weights that do not fit, before any image is embedded."""
         if self.module is not None:
-            self.module.to(device).eval().requires_grad_(False)
+            self.module.to(device).eval()
             return GivenModule(self.module, *geometry, self.name).to(device), False
         try:
             with torch.device("meta"):  # shapes only: a bad name or option costs nothing
@@ -197,7 +203,7 @@ class Backbone:
             raise FewshotError(f"--backbone {self.name}: {summary(e)}") from None
         if state is not None:
             backbone.load_state_dict(state, strict=not no_statistics)
-        return backbone.to(device).eval().requires_grad_(False), no_statistics
+        return backbone.to(device).eval(), no_statistics
 
     def _checkpoint_backbone(self, ckpt: dict) -> dict:
         """The backbone's entries of a fewshot checkpoint (as `--backbone-weights`), refused
@@ -247,9 +253,9 @@ def frozen_model(
     `dataset` (None: images without a data set, as predict's) and normalised with the
     backbone's own constants where it has them (else the data's own)."""
     built, no_statistics = backbone.build(geometry, device)
+    # Nearest centroid (DEFAULT_CLASSIFIER) as a pretrained model classifies: the prototype
+    # head at a fixed scale of 1, which --classifier replaces and pmf fine-tunes through.
     method = EmbeddingMethod(built, "protonet", amp=amp).to(device).eval()
-    method.requires_grad_(False)
-    method.use_classifier(DEFAULT_CLASSIFIER, {})
     if no_statistics:  # as the MAML family normalises: each episode's statistics
         method.use_episode_statistics(backbone_only=True)
     method.source = backbone.label
@@ -325,11 +331,31 @@ def frozen_geometry(
     channels: int | None,
 ) -> tuple[int, int]:
     """(channels, side) a frozen backbone reads `dataset` at, from metadata (no image read):
-    a folder data set at the side the backbone was made for unless --resize says otherwise;
-    a built-in one at its own."""
-    if dataset == FOLDER and resize is None:
-        resize = backbone.input_size()
+    a folder data set at the geometry the backbone was made for unless --resize and
+    --channels say otherwise; a built-in one at its own."""
+    if dataset == FOLDER:
+        made_for = backbone.input_geometry()
+        channels, resize = channels or made_for[0], resize or made_for[1]
     return dataset_geometry(dataset, data_root, split, resize, channels)
+
+
+@functools.cache
+def _lent_config(file: tuple[str, int, int]) -> dict | None:
+    """The config of the fewshot checkpoint `file` (its path, modification time and size: a
+    changed file is read anew), None for a plain state dict."""
+    state = weights_file(file[0])
+    config = state.get("config")
+    return config if "model" in state and isinstance(config, dict) else None
+
+
+def lent_config(path: str | Path) -> dict | None:
+    """The config of a --backbone-weights file that is a fewshot checkpoint (it lends its
+    backbone), read once however often it is asked; None for a plain state dict."""
+    try:
+        stat = Path(path).stat()
+    except OSError:
+        return None  # named by the reading itself, with the flag
+    return _lent_config((str(path), stat.st_mtime_ns, stat.st_size))
 
 
 def use_feature_cache(method: EmbeddingMethod) -> None:
