@@ -11,9 +11,11 @@ class, every test image) under --runs, for:
 - the floors: a conv4 and that ResNet-12 with a seeded random initialisation (no weights);
 
 each with nearest centroid and logistic regression, paired per episode (logistic − centroid,
-and each trained model − its random floor). P>M>F's fine-tuning (`--classifier pmf`) is refused
-on a frozen backbone (a centroid head), so it runs through the two checkpoints with a prototype
-head, the zoo ProtoNet and the ResNet-12 (`--checkpoint X --classifier pmf`; --pmf-models), at
+and each trained model − its random floor). Every frozen row reads a target set normalised by
+that set's own mean and std (`--normalization dataset`, as the table was measured; by default a
+backbone lent by a checkpoint takes the checkpoint's, Omniglot's). P>M>F's fine-tuning
+(`--classifier pmf`) runs through the two checkpoints with a prototype head, the zoo ProtoNet
+and the ResNet-12 (`--checkpoint X --classifier pmf`; --pmf-models), at
 5 shots on the first --pmf-episodes episodes, each of --pmf-lrs given (no validation split to
 choose it on), paired against the same checkpoint with nearest centroid. The MAML family's rows
 (no feature cache: their BatchNorm reads each episode) test the first --maml-episodes.
@@ -158,7 +160,8 @@ def frozen_eval(
     ):  # fmt: skip
         given = ["--backbone-weights", weights] if weights else []
         fewshot("eval", "--backbone", backbone, "--backbone-options", json.dumps(options), *given,
-                *data, "--way", "5", "--shot", str(shot), "--episodes", str(episodes),
+                *data, "--normalization", "dataset", "--way", "5", "--shot", str(shot),
+                "--episodes", str(episodes),
                 "--seed", "0", "--episodes-per-batch", "200", "--per-episode", "--out", str(out),
                 "--overwrite")  # fmt: skip
         record = json.loads(out.read_text())
@@ -168,8 +171,8 @@ def frozen_eval(
 def test_flags(root: Path, query: int) -> list[str]:
     """The evaluation flags of a folder data set's test split (float32), read as the Omniglot
     models' 1x28x28 images; way, shot and episodes are given apart."""
-    # A frozen backbone reads a folder at its images' own geometry: CIFAR-10's 3x32x32 would
-    # not fit the Omniglot weights (the checkpoint path converts it by itself).
+    # The floors (no weights) read a folder at its images' own geometry: CIFAR-10 is read as
+    # every row reads it, the Omniglot models' 1x28x28.
     geometry = ["--channels", "1", "--resize", "28"] if root.name == "cifar10" else []
     return ["--dataset", "folder", "--data-root", str(root), "--split", "test", *geometry,
             "--query", str(query), "--amp", "off"]  # fmt: skip
