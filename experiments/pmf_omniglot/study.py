@@ -36,7 +36,7 @@ from experiments.cli_runs import (
 )
 from experiments.smoke import add_study_flags, apply_smoke
 from fewshot.evaluation.stats import ci95, paired_ci
-from fewshot.methods.test_time_finetune import PmfOptions
+from fewshot.methods.pmf import PmfOptions
 from fewshot.runtime.errors import FewshotError
 
 HERE = Path(__file__).resolve().parent

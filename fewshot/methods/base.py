@@ -230,12 +230,13 @@ class Method(nn.Module):
         all normalised as the model's training images; `batch` queries per forward pass
         (the scores do not depend on it). `episode`: the split indices [way, pool] of a
         seeded test episode these images are, so that a classifier drawing random numbers
-        draws them as the evaluation of that episode does. Float64 images are cast to float32
-        (the weights' precision); a `batch` that is not a positive integer is refused."""
+        draws them as the evaluation of that episode does. Float64 images are cast to the
+        weights' precision; a `batch` that is not a positive integer is refused."""
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise ValueError(f"predict batch must be an integer >= 1, got {batch!r}")
+        weights = next(self.parameters()).dtype
         support, query = (
-            x.float() if isinstance(x, torch.Tensor) and x.dtype == torch.float64 else x
+            x.to(weights) if isinstance(x, torch.Tensor) and x.dtype == torch.float64 else x
             for x in (support, query)
         )
         ordered, shots = support_by_class(support, support_labels, query, self.backbone)
