@@ -31,7 +31,7 @@ def from_command_line(argv: list[str]):
     return args._command.build_settings(args)[-1]
 
 
-@pytest.mark.parametrize("method", method_names())
+@pytest.mark.parametrize("method", list(method_names()))
 def test_settings_built_in_python_take_the_command_lines_defaults(method):
     assert fewshot.TrainSettings(method=method) == from_command_line(["train", "--method", method])
 
@@ -50,7 +50,7 @@ def test_a_given_value_overrides_a_method_default_or_is_refused_as_there():
     )
 
 
-@pytest.mark.parametrize("method", method_names())
+@pytest.mark.parametrize("method", list(method_names()))
 def test_every_method_trains_and_evaluates_from_python(method, tiny_omniglot_root, tmp_path):
     run = fewshot.train(
         method=method, **TINY, out=str(tmp_path / method), data_root=str(tiny_omniglot_root)

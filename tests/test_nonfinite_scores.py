@@ -203,13 +203,15 @@ def test_the_cause_is_named_by_the_features_scale_and_training_is_left_alone():
     [
         ["--classifier", "cosine"],
         ["--classifier", "centroid", "--classifier-options", '{"cl2n": true}'],
+        ["--classifier", "bd-cspn"],
+        ["--classifier", "tim", "--classifier-options", '{"steps": 5}'],
     ],
-    ids=["cosine", "cl2n"],
+    ids=["cosine", "cl2n", "bd-cspn", "tim"],
 )
 def test_the_normalising_classifiers_read_huge_features_as_their_directions(tmp_path, flags):
-    """Cosine and CL2N read directions only: features 2^120 times the model's (exact in
-    float32, as the weights are scaled) give its very accuracies, not the zeros an overflowed
-    squared norm would normalise them to."""
+    """Cosine, CL2N, BD-CSPN and TIM read directions only: features 2^120 times the model's
+    (exact in float32, as the weights are scaled) give its very accuracies, not the zeros an
+    overflowed squared norm would normalise them to."""
     # CL2N centres on the mean feature of the model's training split (trainval).
     root = cut_omniglot_root(tmp_path / "data", ZOO.parents[1] / "data", CUT)
     scaled = huge(tmp_path, PROTONET, factor=2.0**120)

@@ -20,6 +20,7 @@ from fewshot.heads.episode_inputs import (
     class_counts,
     class_means,
     support_one_hot,
+    unit_length,
 )
 from fewshot.runtime.errors import FewshotError
 
@@ -81,7 +82,7 @@ def bd_cspn(
         scores = (epsilon * similarity).masked_fill(~members, float("-inf"))
         weights = torch.softmax(scores, dim=1)
         prototypes = weights.transpose(1, 2) @ torch.cat([support, query], dim=1)
-        return F.normalize(query, dim=2) @ F.normalize(prototypes, dim=2).transpose(1, 2)
+        return unit_length(query, dim=2) @ unit_length(prototypes, dim=2).transpose(1, 2)
 
 
 def tim(
@@ -126,8 +127,8 @@ def tim(
         )
     one_hot = _episode("tim", query, support, support_labels, way, shot)
     with torch.no_grad():
-        support = F.normalize(support.detach(), dim=2)
-        query = F.normalize(query.detach(), dim=2)
+        support = unit_length(support.detach(), dim=2)
+        query = unit_length(query.detach(), dim=2)
         features = torch.cat([support, query], dim=1)  # [B, ns + nq, d]
         across = features.transpose(1, 2).contiguous()
         targets = one_hot.transpose(1, 2)  # class-major [B, way, ns], as the logits
