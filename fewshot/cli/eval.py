@@ -10,7 +10,13 @@ from pathlib import Path
 import torch
 
 from fewshot.cli.episode_settings import EpisodeSettings
-from fewshot.cli.model_settings import ModelSettings, check_model_choice, method_label
+from fewshot.cli.model_settings import (
+    ModelSettings,
+    check_model_choice,
+    checkpoint_setting,
+    frozen_backbone_setting,
+    method_label,
+)
 from fewshot.datasets import FOLDER, resolve_data_root
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.folder import list_split
@@ -25,7 +31,6 @@ from fewshot.runtime.io import atomic_write_json, check_writable, json_differenc
 from fewshot.runtime.precision import precision_name
 from fewshot.runtime.settings import Command, SettingError, setting
 from fewshot.training.model_source import (
-    DEFAULT_CLASSIFIER,
     Model,
     checkpoint_model,
     result_folder_name,
@@ -82,15 +87,8 @@ def shipped(checkpoint: Path) -> bool:
 class EvalSettings(EpisodeSettings):
     """`fewshot eval`: a checkpoint, or a frozen backbone, on seeded episodes; JSON result."""
 
-    checkpoint: str | None = setting(
-        None, help="a .pt file written by fewshot train or pretrain (or its run folder)"
-    )
-    backbone: str | None = setting(
-        None,
-        help="instead of --checkpoint, a frozen backbone with no training: conv4, resnet12 "
-        "(with --backbone-weights FILE), timm:NAME or torchvision:NAME, classified by "
-        f"--classifier (default {DEFAULT_CLASSIFIER}); needs --dataset",
-    )
+    checkpoint: str | None = checkpoint_setting()
+    backbone: str | None = frozen_backbone_setting("; needs --dataset")
     out: str | None = setting(None, help="JSON result path (default: next to the checkpoint)")
     per_episode: bool = setting(False, help="also write every episode's accuracy to the JSON")
     save_episodes: str | None = setting(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from fewshot.heads import CLASSIFIERS, TRANSDUCTIVE, check_head, head_names
 from fewshot.methods.adaptation import AdaptationMethod
@@ -37,6 +38,22 @@ def method_label(config: dict) -> str:
     if config.get("stage") == "frozen":
         return "a frozen backbone"
     return f"--method {config['method']}" if "method" in config else "a pretrained model"
+
+
+def checkpoint_setting() -> Any:
+    """The --checkpoint field of a command that classifies with a trained model."""
+    return setting(None, help="a .pt file written by fewshot train or pretrain (or its run folder)")
+
+
+def frozen_backbone_setting(needs: str = "") -> Any:
+    """The --backbone field of such a command: a frozen backbone in place of --checkpoint
+    (`needs`: what else it needs, said in the help)."""
+    return setting(
+        None,
+        help="instead of --checkpoint, a frozen backbone with no training: conv4, resnet12 "
+        "(with --backbone-weights FILE), timm:NAME or torchvision:NAME, classified by "
+        f"--classifier (default {DEFAULT_CLASSIFIER}){needs}",
+    )
 
 
 def check_model_choice(checkpoint: str | None, backbone: str | None) -> None:

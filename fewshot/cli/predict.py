@@ -17,7 +17,12 @@ from pathlib import Path
 
 import torch
 
-from fewshot.cli.model_settings import ModelSettings, check_model_choice
+from fewshot.cli.model_settings import (
+    ModelSettings,
+    check_model_choice,
+    checkpoint_setting,
+    frozen_backbone_setting,
+)
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import images_to_device
 from fewshot.datasets.folder import Listing, decode_listing, first_image, list_classes, list_images
@@ -29,7 +34,6 @@ from fewshot.runtime.io import atomic_write_json, atomic_write_text, prepare_out
 from fewshot.runtime.settings import Command, SettingError, refuse_unused, setting
 from fewshot.training.checkpoint import as_trained, polarity_mismatch
 from fewshot.training.model_source import (
-    DEFAULT_CLASSIFIER,
     Model,
     checkpoint_model,
     frozen_model,
@@ -90,15 +94,8 @@ class Prediction:
 class PredictSettings(ModelSettings):
     """`fewshot predict`: a checkpoint, a support folder and query images."""
 
-    checkpoint: str | None = setting(
-        None, help="a .pt file written by fewshot train or pretrain (or its run folder)"
-    )
-    backbone: str | None = setting(
-        None,
-        help="instead of --checkpoint, a frozen backbone with no training: conv4, resnet12 "
-        "(with --backbone-weights FILE), timm:NAME or torchvision:NAME, classified by "
-        f"--classifier (default {DEFAULT_CLASSIFIER})",
-    )
+    checkpoint: str | None = checkpoint_setting()
+    backbone: str | None = frozen_backbone_setting()
     resize: int | None = setting(
         None,
         help="a frozen backbone's input side: every image resized to N x N (default: the side "
