@@ -242,12 +242,20 @@ def pt_map(
         counts = class_counts(one_hot, shot)
         centres = labelled / counts
         column_mass = query.shape[1] / way
+        query_norms = query_features.pow(2).sum(2).unsqueeze(1)  # the same at every step
+
+        def transport(centres: torch.Tensor) -> torch.Tensor:
+            """The Sinkhorn plan [B, way, nq] of the queries' squared distances to centres."""
+            norms = centres.pow(2).sum(2, keepdim=True) + query_norms
+            cost = torch.baddbmm(norms, centres, query_features.transpose(1, 2), alpha=-2.0)
+            return _sinkhorn(cost, lam, column_mass, tol)
+
         for _ in range(steps):
-            plan = _sinkhorn(-_neg_sq_distances(centres, query_features), lam, column_mass, tol)
+            plan = transport(centres)
             # The support's one-hot assignments and the queries' plan, as weights of a mean.
             estimate = (labelled + plan @ query_features) / (counts + plan.sum(2, keepdim=True))
             centres = centres + alpha * (estimate - centres)
-        plan = _sinkhorn(-_neg_sq_distances(centres, query_features), lam, column_mass, tol)
+        plan = transport(centres)
         logs = plan.clamp(min=torch.finfo(plan.dtype).tiny).log()
         return logs.transpose(1, 2).to(query.dtype)
 
@@ -317,27 +325,32 @@ def _sinkhorn_episodes(
     work = kernel
     for start in range(0, SINKHORN_MAX_ITERS, SINKHORN_BLOCK):
         across = work.transpose(1, 2)
-        queries, classes, spreads = [], [], []  # as rows: [b, 1, n], [b, 1, k], [b, 1, n]
-        for _ in range(min(SINKHORN_BLOCK, SINKHORN_MAX_ITERS - start)):
+        block = min(SINKHORN_BLOCK, SINKHORN_MAX_ITERS - start)
+        # The block's scalings as rows, [T, b, 1, n] and [T, b, 1, k], written in place, and
+        # the spreads after the last block's final sums: [T + 1, b, 1, n].
+        queries = spread.new_empty(block, *spread.shape)
+        classes = spread.new_empty(block, len(work), 1, work.shape[1])
+        spreads = spread.new_empty(block + 1, *spread.shape)
+        spreads[0] = sums
+        for q, c, s in zip(queries, classes, spreads[1:], strict=True):
             # x.reciprocal() * a is what a / x computes for a tensor x: the same rounding.
-            queries.append(spread.reciprocal())
-            classes.append(torch.bmm(queries[-1], across).reciprocal_().mul_(column_mass))
-            spread = torch.bmm(classes[-1], work)
-            spreads.append(spread)
-        block_queries = torch.stack(queries)  # [T, b, 1, n]
-        block_sums = block_queries * torch.stack(spreads)
-        changes = (torch.cat([sums[None], block_sums[:-1]]) - block_sums).abs().amax((2, 3))
+            torch.reciprocal(spread, out=q)
+            torch.bmm(q, across, out=c).reciprocal_().mul_(column_mass)
+            spread = torch.bmm(c, work, out=s)
+        spread = spread.clone()  # the next block's start; its slot becomes a sum below
+        sums = spreads[1:].mul_(queries)  # each query's total assignment per iteration
+        changes = (spreads[:-1] - sums).abs_().amax((2, 3))
         if start == 0:
             # The first sums have exp()'s arbitrary scale: no test (the code's never passes).
             changes[0] = float("inf")
         done = ~(changes > tol)  # [T, b]; as the code's test, a NaN change stops
-        steps = torch.arange(len(queries), device=kernel.device).unsqueeze(1)
+        steps = torch.arange(block, device=kernel.device).unsqueeze(1)
         # The first iteration that passed, else the block's last (the episode goes on).
-        at = torch.where(done, steps, len(queries) - 1).amin(0)
+        at = torch.where(done, steps, block - 1).amin(0)
         rows = torch.arange(len(going), device=kernel.device)
-        final_queries[going] = block_queries[at, rows]
-        final_classes[going] = torch.stack(classes)[at, rows]
-        sums = block_sums[-1]
+        final_queries[going] = queries[at, rows]
+        final_classes[going] = classes[at, rows]
+        sums = sums[-1]
         left = (~done.any(0)).nonzero()[:, 0]  # one host sync per block
         if len(left) == 0:
             break
