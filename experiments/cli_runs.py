@@ -53,9 +53,10 @@ def train(command: str, config: str, run: str, epochs: int, *flags: str) -> None
 
 
 def stale(cached: Path, checkpoint: str) -> bool:
-    """Whether an evaluation's JSON names another checkpoint content than the file now at
-    `checkpoint` (a file gone keeps its evaluation)."""
-    recorded = json.loads(cached.read_text()).get("checkpoint_sha256")
+    """Whether an evaluation's JSON names another checkpoint (or frozen backbone's weights)
+    content than the file now at `checkpoint` (a file gone keeps its evaluation)."""
+    record = json.loads(cached.read_text())
+    recorded = record.get("checkpoint_sha256", record.get("backbone_weights_sha256"))
     return Path(checkpoint).is_file() and recorded not in (None, file_sha256(checkpoint))
 
 
@@ -67,14 +68,17 @@ def evaluate(
     episodes: int,
     out: Path,
     per_batch: int = 8,
+    frozen: list[str] | None = None,
 ) -> torch.Tensor:
     """Per-episode accuracies of one model on `episodes` seeded test episodes (seed 0, the
     same whatever `per_batch`, the episodes per classifier call), cached in `out` (the JSON of
     `fewshot eval --per-episode`; made again when it tested another file than the checkpoint
-    now there, e.g. a model shipped since)."""
+    now there, e.g. a model shipped since). With `frozen` (the flags naming a backbone and its
+    data set) the checkpoint is that frozen backbone's `--backbone-weights`."""
+    model = [*frozen, "--backbone-weights"] if frozen else ["--checkpoint"]
     if not out.is_file() or stale(out, checkpoint):
         fewshot(
-            "eval", "--checkpoint", checkpoint, *flags, "--way", str(way), "--shot", str(shot),
+            "eval", *model, checkpoint, *flags, "--way", str(way), "--shot", str(shot),
             "--episodes", str(episodes), "--seed", "0", "--per-episode", "--out", str(out),
             "--episodes-per-batch", str(per_batch),
         )  # fmt: skip

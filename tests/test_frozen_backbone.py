@@ -85,6 +85,29 @@ def test_a_checkpoint_lends_its_backbone(tmp_path, tiny_omniglot_root, zoo_backb
     assert maml["transductive"] and np.mean(maml["accuracies"]) > 0.6
 
 
+def test_a_pretrained_backbone_frozen_and_fine_tuned_is_p_then_f(tmp_path, tiny_omniglot_root):
+    # P>M>F's "P>F" row (experiments/pmf_omniglot/): stage P's backbone given to --backbone and
+    # fine-tuned on each support is its pretraining checkpoint's own pmf, episode by episode.
+    run = tmp_path / "p"
+    pretrain = ["pretrain", "--dataset", "omniglot", "--data-root", str(tiny_omniglot_root)]
+    pretrain += ["--epochs", "1", "--val-episodes", "2", "--device", "cpu", "--amp", "off"]
+    assert main([*pretrain, "--out", str(run)]) == 0
+    weights = str(run / "last.pt")
+    flags = [*episodes_flags(tiny_omniglot_root), "--classifier", "pmf"]
+    flags += ["--classifier-options", '{"steps": 3, "lr": 0.01}']
+    own = evaluation(["--checkpoint", weights, *flags], tmp_path / "a.json")
+    frozen = evaluation(["--backbone", "conv4", "--backbone-weights", weights,
+                         "--dataset", "omniglot", *flags], tmp_path / "b.json")  # fmt: skip
+    assert frozen["accuracies"] == own["accuracies"]
+    assert frozen["stage"] == "frozen" and frozen["pmf_lr"] == 0.01
+    assert frozen["backbone_weights_sha256"] == own["checkpoint_sha256"]
+    # Not vacuous: the fine-tuning changed predictions of the backbone's nearest centroid.
+    plain = [*episodes_flags(tiny_omniglot_root), "--dataset", "omniglot"]
+    centroid = evaluation(["--backbone", "conv4", "--backbone-weights", weights, *plain],
+                          tmp_path / "c.json")  # fmt: skip
+    assert centroid["accuracies"] != frozen["accuracies"]
+
+
 def test_a_frozen_backbone_is_compared_paired_with_a_checkpoint(
     tmp_path, tiny_omniglot_root, zoo_backbone, capsys
 ):

@@ -20,7 +20,7 @@ from datafiles import jpeg, write_digits, write_tar
 
 from experiments.smoke import OMNIGLOT_CLASSES, omniglot_root, smoke_folder
 from fewshot.datasets import load_split
-from fewshot.runtime.io import load_checkpoint
+from fewshot.runtime.io import file_sha256, load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 EXPERIMENTS = REPO / "experiments"
@@ -418,7 +418,7 @@ def check_cross_domain(out: Path, printed: str) -> None:
 def check_pmf(out: Path, printed: str) -> None:
     record = load(out / "results.json")
     rows = record["rows"]
-    p_only = "none (stage P only)"
+    p_only = "none (stage P frozen)"
     assert set(rows) == {
         p_only,
         "U = 1",
@@ -439,6 +439,11 @@ def check_pmf(out: Path, printed: str) -> None:
     assert ehg == pytest.approx(difference, abs=1e-4)
     evals = load(out / "evals" / "u5_pmf.json")
     assert evals["varied"] is True and evals["classifier"] == "pmf" and "pmf_lr" in evals
+    assert evals["precision"] == "float32"  # on any CPU: the table does not follow native bf16
+    frozen = load(out / "evals" / "p_only_pmf.json")  # P>F: stage P's backbone, frozen
+    assert frozen["stage"] == "frozen" and frozen["backbone"] == "resnet12"
+    pretrained = out / "runs" / "omniglot_pmf_pretrain_resnet12" / "last.pt"
+    assert frozen["backbone_weights_sha256"] == file_sha256(pretrained)
 
 
 def check_rehearsal(out: Path, printed: str) -> None:

@@ -6,9 +6,14 @@ for DINO (no weights can be downloaded on this machine):
 - P: `fewshot pretrain` of a narrow ResNet-12 on the Omniglot train classes;
 - M: ProtoNet meta-trained from it on Meta-Dataset-style varied episodes, with U = 1 and
   U = 5 re-splits (EHG), the same seed, init and episodes;
-- F: each model (and stage P's alone) tested on the same seeded varied test episodes with its
-  own ProtoNet head and with P>M>F's test-time fine-tuning of the backbone on each support
-  (`--classifier pmf`, its lr chosen on validation episodes of the unseen validation classes).
+- F: each model tested on the same seeded varied test episodes with its own ProtoNet head and
+  with P>M>F's test-time fine-tuning of the backbone on each support (`--classifier pmf`, its
+  lr chosen on validation episodes of the unseen validation classes); and stage P's backbone
+  alone, frozen, as `fewshot eval --backbone` takes any pretrained backbone (P>M>F's "P" and
+  "P>F" rows: no meta stage).
+
+Float32 throughout (the configs' "amp": "off", the evaluations' --amp off): the table does not
+depend on whether a CPU has native bf16.
 
 Every test is `fewshot eval --per-episode` on the same episodes, so every difference is paired
 per episode (fewshot.evaluation.stats.paired_ci). Resumable: a finished run is skipped, an
@@ -46,8 +51,9 @@ TIMM = HERE / "timm_resnet10t.json"
 TIMM_ROW = "timm:resnet10t from scratch (no stage P), U = 1"
 # The test episodes: as the meta stage's, on the test classes (way 5-20, shot 1-10, 5 queries).
 TEST = {"way": 5, "max_way": 20, "shot": 10, "max_support": 100, "query": 5}
-# The meta stage's arms: none (stage P's model as it is), and ProtoNet with U = 1 and U = 5.
-P_ONLY = "none (stage P only)"
+# The meta stage's arms: none (P>M>F's "P" and "P>F" rows: stage P's backbone frozen, tested as
+# any pretrained backbone is, `fewshot eval --backbone`), and ProtoNet with U = 1 and U = 5.
+P_ONLY = "none (stage P frozen)"
 ARMS = {P_ONLY: None, "U = 1": 1, "U = 5": 5}
 CLASSIFIERS = {"ProtoNet head": [], "P>M>F fine-tuning": ["--classifier", "pmf"]}
 # --smoke: one epoch of a few steps per run, a few test episodes, fine-tuning of two steps.
@@ -91,6 +97,8 @@ def main(argv: list[str] | None = None) -> None:
     evals.mkdir(parents=True, exist_ok=True)
     pmf = json.dumps(pmf_options(args))
     accuracies = {}
+    # Float32 throughout, so that the table does not depend on a CPU's native bf16.
+    test = [*config_overrides(args.data_root), *varied_flags(TEST), "--amp", "off"]
     for arm, run in runs.items():
         if arm == TIMM_ROW:  # the smoke-sized row trains last, after the study's own arms
             train("train", str(TIMM), run, args.epochs or config_epochs(TIMM), *meta_flags)
@@ -101,17 +109,26 @@ def main(argv: list[str] | None = None) -> None:
             out = evals / f"{eval_stem(arm)}_{'pmf' if flags else 'protonet'}.json"
             accuracies[arm, name] = evaluate(
                 f"{run}/last.pt",
-                [*config_overrides(args.data_root), *varied_flags(TEST), *flags],
+                [*test, *flags],
                 TEST["way"],
                 TEST["shot"],
                 args.episodes,
                 out,
                 per_batch=1,
+                frozen=frozen_p() if arm == P_ONLY else None,
             )
     lrs = {arm: json.loads((evals / f"{eval_stem(arm)}_pmf.json").read_text())["pmf_lr"]
            for arm in ARMS}  # fmt: skip
     results = summary(accuracies, lrs, args)
     write_results(results, table(results), Path(args.out))
+
+
+def frozen_p() -> list[str]:
+    """The flags naming stage P's backbone, frozen, for `fewshot eval --backbone`."""
+    config = json.loads(PRETRAIN.read_text())
+    options = json.dumps(config["backbone_options"])
+    return ["--dataset", config["dataset"], "--backbone", config["backbone"],
+            "--backbone-options", options]  # fmt: skip
 
 
 def eval_stem(arm: str) -> str:
