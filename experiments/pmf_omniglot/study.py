@@ -97,7 +97,6 @@ def main(argv: list[str] | None = None) -> None:
     evals.mkdir(parents=True, exist_ok=True)
     pmf = json.dumps(pmf_options(args))
     accuracies = {}
-    # Float32 throughout, so that the table does not depend on a CPU's native bf16.
     test = [*config_overrides(args.data_root), *varied_flags(TEST), "--amp", "off"]
     for arm, run in runs.items():
         if arm == TIMM_ROW:  # the smoke-sized row trains last, after the study's own arms
