@@ -1,7 +1,7 @@
 """fewshot: few-shot meta-learning with ensemble hypergradients (EHG).
 
 The Python API is the command line's equal: `fewshot.train(...)`, `fewshot.pretrain(...)`,
-`fewshot.evaluate(...)`, `fewshot.compare(...)`, `fewshot.compare_seeds(...)`,
+`fewshot.evaluate(...)`, `fewshot.compare(...)`, `fewshot.compare_seeds(...)`, `fewshot.bench(...)`,
 `fewshot.predict(...)` and the settings
 classes they build (see fewshot.api); `fewshot.FewShotClassifier` classifies images in memory
 with any of its models, a frozen backbone or an nn.Module (see fewshot.classifier).
@@ -35,6 +35,8 @@ _API = {
     "pretrain": "fewshot.api",
     "evaluate": "fewshot.api",
     "compare": "fewshot.api",
+    "bench": "fewshot.api",
+    "Leaderboard": "fewshot.benchmark.leaderboard",
     "compare_seeds": "fewshot.api",
     "predict": "fewshot.api",
     "FewShotClassifier": "fewshot.classifier",

@@ -10,6 +10,8 @@ from typing import Any
 
 from torch import nn
 
+from fewshot.benchmark.leaderboard import Leaderboard
+from fewshot.cli.bench import BenchListing, BenchSettings, run_bench
 from fewshot.cli.compare import (
     CompareSeedsSettings,
     CompareSettings,
@@ -121,6 +123,16 @@ def evaluate(checkpoint: str | Path | None = None, **values: Any) -> EvalResult:
         values["checkpoint"] = str(checkpoint)
     with given_modules(modules):
         return run_eval(build(EvalSettings, [("flags", values)]))
+
+
+def bench(suite: str | Path, *models: str | Path, **values: Any) -> Leaderboard:
+    """`fewshot bench`: the models (checkpoints or frozen backbones' names) on a suite's cells,
+    ranked with the zoo's stored results; returns the leaderboard (also written to `out`),
+    e.g. `bench("omniglot-v1", "runs/omni/best.pt", limit=200).cells[0].standings`."""
+    values = {**_flags(values), "suite": str(suite), "models": [str(m) for m in models]}
+    board = run_bench(BenchListing(), build(BenchSettings, [("flags", values)]))
+    assert board is not None  # only --list returns none
+    return board
 
 
 def compare(a: str | Path | nn.Module, b: str | Path | nn.Module, **values: Any) -> Difference:

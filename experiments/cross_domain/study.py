@@ -182,6 +182,8 @@ def main(argv: list[str] | None = None) -> None:
     """Write the data sets, pretrain what is missing, evaluate every row, write the tables."""
     args = parse_args(argv)
     roots = write_folders(Path(args.source), Path(args.runs) / "cross_domain_data", args.per_class)
+    if args.data_only:  # the data of the cross-domain-v1 suite (fewshot bench --data-root RUNS)
+        return
     rows = [m for m in MODELS if not args.models or m in args.models]
     pretrained = f"{args.runs}/omniglot_pmf_pretrain_resnet12"
     if "ResNet-12 pretrained" in rows:
@@ -344,6 +346,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="MNIST and Fashion-MNIST IDX files, CIFAR-10 JPEGs (mnist/, "
                         "fashion_mnist/, cifar10_jpeg/test.tar.gz)")  # fmt: skip
     parser.add_argument("--per-class", type=int, help="test images kept a class (default: all)")
+    parser.add_argument(
+        "--data-only", action="store_true", help="write the data folders under --runs and stop"
+    )
     parser.add_argument("--models", nargs="+", choices=list(MODELS), help="rows (default: all)")
     parser.add_argument("--shots", type=int, nargs="+", default=[1, 5, 20])
     parser.add_argument("--query", type=int, default=15, help="queries a class")

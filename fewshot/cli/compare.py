@@ -99,6 +99,8 @@ def identity(settings: CompareSettings | CompareSeedsSettings) -> dict:
         transductive=settings.transductive,
     )
     record.update(given_settings(settings))
+    if settings.manifest:
+        record.update(episodes_sha256=settings.manifest.sha256)
     record["checkpoint_sha256"] = [arm_digest(settings, p) for p in paths]
     return record
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -34,6 +37,7 @@ from fewshot.evaluation.episodes import (
     episodes_images,
     evaluation_terms,
 )
+from fewshot.evaluation.manifests import Manifest, read_manifest
 from fewshot.methods.base import Method
 from fewshot.methods.pmf import PMF, PmfAdapter, search_line
 from fewshot.runtime.device import device_setting
@@ -88,9 +92,17 @@ class EpisodeSettings(ModelSettings):
         "by default where the split has fewer images than the episodes); --no-cache: embed "
         "every episode",
     )
+    episodes_file: str | None = setting(
+        None,
+        help="a manifest of episodes (.npz, written by fewshot bench) to evaluate in place of "
+        "seeded ones: its data set, split, way, shot, query and seed (--episodes: its first N; "
+        "default all)",
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.episodes_file is not None:
+            self.take_manifest()
         check_data_options(self)
         check_varied_options(self)
         if self.varied and self.episodes_per_batch not in (None, 1):
@@ -111,6 +123,40 @@ class EpisodeSettings(ModelSettings):
                 "does not apply to --classifier pmf: it fine-tunes the backbone on every "
                 "episode, so no embedding serves two episodes",
             )
+
+    @functools.cached_property
+    def manifest(self) -> Manifest | None:
+        """The episodes of --episodes-file, read and checked (None without it)."""
+        return read_manifest(self.episodes_file) if self.episodes_file else None
+
+    def take_manifest(self) -> None:
+        """Take the episodes' settings from --episodes-file: a flag that says otherwise (not
+        at its default) is refused, and --episodes at its default means all of them."""
+        info = self.manifest.info
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        if self.varied:
+            raise SettingError("varied", "does not apply with --episodes-file: its episodes are")
+        for key in ("dataset", "split", "way", "shot", "query", "seed"):
+            value, wanted = getattr(self, key), getattr(info, key)
+            if value not in (defaults[key], wanted):
+                raise SettingError(
+                    key,
+                    f"is {wanted!r} in --episodes-file {self.episodes_file} (its episodes decide "
+                    f"it), got {value!r}: leave it out",
+                )
+            object.__setattr__(self, key, wanted)
+        if self.episodes > info.episodes:
+            raise SettingError(
+                "episodes",
+                f"is at most {info.episodes}, the episodes of --episodes-file "
+                f"{self.episodes_file}, got {self.episodes}",
+            )
+        if self.episodes == defaults["episodes"]:
+            object.__setattr__(self, "episodes", info.episodes)
+
+    def episode_batches(self, batch: int) -> Iterator[torch.Tensor] | None:
+        """The episodes of --episodes-file in batches of `batch` (None: the seeded ones)."""
+        return self.manifest.batches(batch, self.episodes) if self.manifest else None
 
     def classifier_shape(self) -> list[tuple[str, tuple[int, int]]]:
         """--way, with the episodes' way and shot."""
@@ -200,6 +246,8 @@ class EpisodeSettings(ModelSettings):
                 )
         read = {"resize": side, "channels": channels} if dataset == FOLDER else {}
         split = load_split(dataset, self.split, root, **read, per_class=self.per_class)
+        if self.manifest:
+            self.manifest.check_split(split, f"--episodes-file {self.episodes_file}")
         for model, checkpoint in trained:
             mismatch = polarity_mismatch(model, split, checkpoint)
             if mismatch:  # its accuracy would be noise; fewshot predict --invert reads them so
@@ -339,8 +387,9 @@ class EpisodeSettings(ModelSettings):
             method.head_options["center"] = center
         self.choose_finetune_lr(method, config, device)
         shape = self.shape_for(cache)
+        batches = self.episode_batches(shape.episodes_per_batch)
         return episode_accuracies(
-            method, split, shape, self.episodes, self.seed, device, cache, progress=True
+            method, split, shape, self.episodes, self.seed, device, cache, True, None, batches
         )
 
 

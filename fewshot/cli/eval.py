@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from fewshot.datasets.varied import varied_name
 from fewshot.evaluation.episodes import EvalResult, episode_records
 from fewshot.methods.base import Method
 from fewshot.methods.feature_cache import FOLDER as FEATURES
+from fewshot.methods.feature_cache import FeatureMemory
 from fewshot.methods.pmf import PMF, PmfAdapter
 from fewshot.runtime.device import resolve_device
 from fewshot.runtime.errors import FewshotError
@@ -100,7 +102,7 @@ class EvalSettings(EpisodeSettings):
 
     def __post_init__(self) -> None:
         check_model_choice(self.checkpoint, self.backbone)
-        if self.backbone is not None and self.dataset is None:
+        if self.backbone is not None and self.dataset is None and self.episodes_file is None:
             raise SettingError(
                 "dataset", "must be given with --backbone: a frozen backbone has no data set"
             )
@@ -163,11 +165,35 @@ def model_record(model: Model) -> dict:
 def run_eval(settings: EvalSettings) -> EvalResult:
     """`fewshot eval`: load a checkpoint (or a frozen backbone), evaluate on seeded episodes,
     print and write JSON."""
+    result, path = evaluate_to_file(settings)
+    print(f"result in {path}")
+    print(result.line())
+    return result
+
+
+# What `evaluate_to_file` adds to a result's record: a function of the record and the
+# per-episode accuracies.
+RecordExtra = Callable[[dict, torch.Tensor], dict]
+
+
+def evaluate_to_file(
+    settings: EvalSettings,
+    say: Callable[[str], None] = print,
+    features: FeatureMemory | None = None,
+    extra: RecordExtra | None = None,
+    reuse: bool = False,
+) -> tuple[EvalResult, Path]:
+    """Evaluate as `fewshot eval` does and write the JSON result; return it and its path.
+    `say` prints the notes; `features` keeps an embedding method's features of each split in
+    memory for the next evaluation of the same model (fewshot bench's cells); `extra` adds to
+    the record; `reuse`: where the result file holds this very result, read it back instead."""
     device = resolve_device(settings.device)
     model = settings.model(device)
     method, config = model.method, model.config
     if config.get("freeze_backbone") and model.checkpoint is not None:
         use_run_features(method, model.checkpoint)
+    elif features is not None and getattr(method, "feature_cache", None) is None:
+        method.use_feature_cache(features)  # (a frozen backbone's are on disk already)
     dataset = settings.dataset or config["dataset"]
     settings.prepare(method, config)
     # Everything the result depends on (the episodes per batch does not: see EPISODE_BLOCK).
@@ -190,12 +216,19 @@ def run_eval(settings: EvalSettings) -> EvalResult:
     record.update(precision=precision)
     record.update(episodes=settings.episodes, way=settings.way, shot=settings.shot)
     record.update(query=settings.query, seed=settings.seed)
+    if settings.manifest:  # only then: the records of seeded episodes keep their identity
+        record.update(episodes_sha256=settings.manifest.sha256)
     if settings.varied:  # only then: the records of fixed episodes keep their identity
         record.update(varied=True, max_way=settings.shape.max_way)
         record.update(max_support=settings.max_support)
     # Before the work: a result of other settings is kept unless --overwrite.
     path = settings.result_path(model, label, record)
-    out = prepare_output(path, settings.overwrite, json_differences(result_identity(record)))
+    differences = json_differences(result_identity(record))
+    if reuse and path.is_file() and not differences(path):
+        summary = json.loads(path.read_text()).get("summary")
+        if summary:
+            return EvalResult(**summary), path
+    out = prepare_output(path, settings.overwrite, differences)
     saved = settings.save_episodes and prepare_output(settings.save_episodes, settings.overwrite)
     if saved and saved.resolve() == out.resolve():
         raise FewshotError(
@@ -206,8 +239,8 @@ def run_eval(settings: EvalSettings) -> EvalResult:
     [split] = settings.episode_splits(dataset, [(config, model.label)])
     record["cache"] = cache = settings.cache_for(method, len(split.labels))
     note = settings.cache_note(method, len(split.labels))
-    if note:
-        print(note)
+    if note and features is None:
+        say(note)
     settings.check_evaluation(method, split, device, cache)
     record["dataset_fingerprint"] = split.fingerprint()
     accuracies = settings.accuracies(method, config, split, device, cache)
@@ -218,13 +251,13 @@ def run_eval(settings: EvalSettings) -> EvalResult:
         record.update(adapter.record())
     if settings.per_episode:
         record["accuracies"] = accuracies.tolist()
+    if extra is not None:
+        record.update(extra(record, accuracies), summary=asdict(result))
     atomic_write_json(record, out)
-    print(f"result in {path}")
     if saved:
         write_episodes(settings, method, split, device, record, saved)
-        print(f"episodes in {settings.save_episodes} (draw them with fewshot show)")
-    print(result.line())
-    return result
+        say(f"episodes in {settings.save_episodes} (draw them with fewshot show)")
+    return result, path
 
 
 def use_run_features(method: Method, checkpoint: Path) -> None:
@@ -254,8 +287,10 @@ def write_episodes(
     files = None
     if record["dataset"] == FOLDER:  # the split's image files, in the order it was read
         files = [str(path) for path in list_split(Path(root), settings.split).images]
+    shape = settings.shape
+    batches = settings.episode_batches(shape.episodes_per_batch)
     episodes = episode_records(
-        method, split, settings.shape, settings.episodes, settings.seed, device, files
+        method, split, shape, settings.episodes, settings.seed, device, files, batches
     )
     folder = record["dataset"] == FOLDER
     data = {"data_root": root, "resize": split.image_size if folder else None}

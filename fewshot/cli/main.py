@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 
 import fewshot
+from fewshot.cli.bench import COMMANDS as BENCH_COMMANDS
 from fewshot.cli.compare import COMMANDS as COMPARE_COMMANDS
 from fewshot.cli.convert import COMMANDS as CONVERT_COMMANDS
 from fewshot.cli.data import COMMANDS as DATA_COMMANDS
@@ -30,6 +31,7 @@ COMMANDS: list[Command] = [
     *PREDICT_COMMANDS,
     *SHOW_COMMANDS,
     *COMPARE_COMMANDS,
+    *BENCH_COMMANDS,
     *PLOT_COMMANDS,
     *IMPORT_COMMANDS,
     *CONVERT_COMMANDS,

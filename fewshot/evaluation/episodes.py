@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 import torch
@@ -118,18 +118,22 @@ def episode_accuracies(
     cache: bool | None = None,
     progress: bool = False,
     stop: Stop | None = None,
+    batches: Iterable[torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Per-episode query accuracies [episodes] on seeded episodes of `split`, in eval mode;
     the same whatever shape.episodes_per_batch (see EPISODE_BLOCK).
 
     `cache` lets the method reuse work across episodes where that is exact (embedding
     methods embed every image once; None: where that pays, `cache_pays`). `stop` is polled
-    between batches (Interrupted is raised when it reports a signal).
+    between batches (Interrupted is raised when it reports a signal). `batches`: the episodes
+    (index tensors in batches of shape.episodes_per_batch, e.g. a manifest's) in place of the
+    seeded ones.
     """
     if cache is None:
         cache = cache_pays(method, len(split.labels), shape, episodes)
     method.eval()
-    batches = seeded_episodes(split, shape, episodes, seed)  # before the solver's work
+    if batches is None:  # drawn before the solver's work
+        batches = seeded_episodes(split, shape, episodes, seed)
     solve = method.solver(split, shape_shot(shape), device, cache, stop)
     accuracies = []
     total = math.ceil(episodes / shape.episodes_per_batch)
@@ -165,14 +169,15 @@ def episode_records(
     seed: int,
     device: torch.device,
     files: list[str] | None = None,
+    batches: Iterable[torch.Tensor] | None = None,
 ) -> list[dict]:
     """What each seeded episode was: its classes (split labels), the split indices of its
     support and query images per class (and their `files`, one per image of the split, where
     given), the episode position of the class each query was given (by `Method.predict`, the
     episode's own path, with the episode's seeds) and its accuracy. Varied episodes list each
-    class's own number of support images."""
+    class's own number of support images. `batches`: other episodes (`episode_accuracies`)."""
     records = []
-    for batch in seeded_episodes(split, shape, episodes, seed):
+    for batch in batches or seeded_episodes(split, shape, episodes, seed):
         shots = index_shot(batch, shape_shot(shape))
         for number, index in enumerate(batch):
             way = index.shape[0]

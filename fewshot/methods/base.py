@@ -15,6 +15,7 @@ from fewshot.backbones.arguments import describe_tensor
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import episode_images
 from fewshot.datasets.varied import VariedShape, index_shot
+from fewshot.methods.feature_cache import FeatureMemory
 from fewshot.methods.resplit import Shot
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.memory import MemoryTerm
@@ -187,7 +188,7 @@ class Method(nn.Module):
         inside = {id(p) for p in self.backbone.parameters()}
         return [p for p in self.parameters() if id(p) not in inside and p.requires_grad]
 
-    def use_feature_cache(self, folder: str | Path) -> bool:
+    def use_feature_cache(self, folder: str | Path | FeatureMemory) -> bool:
         """Keep a frozen backbone's features of each split in `folder`, embedded once, and say
         whether the method does (by default not: it reads more than one feature vector per
         image, or adapts its backbone)."""

@@ -31,7 +31,7 @@ from fewshot.methods.base import (
     describe_scales,
     scale_cause,
 )
-from fewshot.methods.feature_cache import FeatureCache, backbone_digest
+from fewshot.methods.feature_cache import FeatureCache, FeatureMemory, backbone_digest
 from fewshot.methods.resplit import Shot, embed_varied, episode_logits, episode_loss, query_accuracy
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.memory import MemoryTerm
@@ -59,7 +59,7 @@ class EmbeddingMethod(Method):
     # fewshot.methods.pmf): (split, shot, device, stop) -> the episodes' solver.
     adapter: Adapter | None = None
     # A frozen backbone's features on disk (`use_feature_cache`), else None: embedded anew.
-    feature_cache: FeatureCache | None = None
+    feature_cache: FeatureCache | FeatureMemory | None = None
     # With `episode_statistics` (`use_episode_statistics`): the backbone's BatchNorm layers
     # alone read each episode's statistics, or the whole model's.
     backbone_statistics_only = False
@@ -365,10 +365,11 @@ class EmbeddingMethod(Method):
             chunks.append(self.embed(images_to_device(split, index, device)))
         return torch.cat(chunks)
 
-    def use_feature_cache(self, folder: str | Path) -> bool:
-        """Keep the frozen backbone's features of every split in `folder` (FeatureCache): the
-        evaluation cache and `split_features` read them from there."""
-        self.feature_cache = FeatureCache(folder)
+    def use_feature_cache(self, folder: str | Path | FeatureMemory) -> bool:
+        """Keep the frozen backbone's features of every split in `folder` (FeatureCache), or
+        in memory (a FeatureMemory): the evaluation cache and `split_features` read them from
+        there."""
+        self.feature_cache = folder if isinstance(folder, FeatureMemory) else FeatureCache(folder)
         return True
 
     def split_features(

@@ -67,3 +67,20 @@ class FeatureCache:
                 "the split again"
             )
         return torch.from_numpy(mapped)
+
+
+class FeatureMemory:
+    """`FeatureCache` in memory: a split's features under one backbone, embedded once for
+    every evaluation of one model in one process (fewshot bench's cells of one split)."""
+
+    def __init__(self) -> None:
+        self.held: dict[str, torch.Tensor] = {}
+
+    def features(
+        self, split: ImageSplit, backbone: str, embed: Callable[[ImageSplit], torch.Tensor]
+    ) -> torch.Tensor:
+        """The features of every image of `split` (`embed(split)` the first time)."""
+        key = f"{backbone}:{split.mean}:{split.std}:{split.fingerprint()}"
+        if key not in self.held:
+            self.held[key] = embed(split).float().cpu()
+        return self.held[key]

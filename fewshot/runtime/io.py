@@ -8,6 +8,7 @@ import io
 import json
 import os
 import pickle
+import re
 import shutil
 import tempfile
 import warnings
@@ -107,9 +108,16 @@ def atomic_write_text(text: str, path: str | os.PathLike) -> None:
     atomic_write_bytes(text.encode(), path)
 
 
+# A JSON list of numbers alone, as json.dumps indents it: one item a line.
+_NUMBER_LIST = re.compile(r"\[\n\s+([-+0-9.eE]+(?:,\n\s+[-+0-9.eE]+)*)\n\s*\]")
+
+
 def atomic_write_json(obj: Any, path: str | os.PathLike) -> None:
-    """Write `obj` as indented JSON atomically."""
-    atomic_write_bytes((json.dumps(obj, indent=2, sort_keys=True) + "\n").encode(), path)
+    """Write `obj` as indented JSON atomically, a list of numbers on one line (per-episode
+    results read as a row, not thousands of lines)."""
+    text = json.dumps(obj, indent=2, sort_keys=True)
+    text = _NUMBER_LIST.sub(lambda m: "[" + re.sub(r",\n\s+", ", ", m.group(1)) + "]", text)
+    atomic_write_bytes((text + "\n").encode(), path)
 
 
 def check_writable(path: str | os.PathLike) -> None:

@@ -368,6 +368,8 @@ def add_flags(parser: argparse.ArgumentParser, cls: type) -> None:
                 allowed = choices() if callable(choices) else choices
                 kwargs["metavar"] = "{" + ",".join(allowed) + "}"
         if f.metadata.get("positional"):
+            if not required:  # an optional positional: none, or any number for a list
+                kwargs["nargs"] = "*" if _is_word_list(hints[f.name]) else "?"
             parser.add_argument(f.name, **kwargs)
         else:
             parser.add_argument(flag_name(f.name), dest=f.name, required=required, **kwargs)
