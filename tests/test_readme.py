@@ -10,9 +10,15 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+import torch
 from PIL import Image
 
+from fewshot.benchmark.leaderboard import build_leaderboard
+from fewshot.benchmark.results import STORED, read_results
+from fewshot.benchmark.suites import load_suite
 from fewshot.cli.main import COMMANDS, build_parser, main
+from fewshot.evaluation.stats import ci95
+from fewshot.evaluation.manifests import Manifest, ManifestInfo, write_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
@@ -197,7 +203,8 @@ def tiny_run(folder: Path, data_root: Path) -> None:
 def readme_dir(tmp_path_factory, tiny_omniglot_root):
     """A working folder for the pages' relative paths: `models` from the repository, a
     tiny trained run in runs/omni (what --resume and the checkpoint placeholders point at) and
-    a folder data set of RGB images in images/, and an empty download/."""
+    a folder data set of RGB images in images/, an empty download/, and a manifest of
+    episodes in bench/."""
     folder = tmp_path_factory.mktemp("readme")
     (folder / "models").symlink_to(REPO / "models")
     for split in ("train", "val", "test"):
@@ -206,6 +213,11 @@ def readme_dir(tmp_path_factory, tiny_omniglot_root):
             Image.new("RGB", (32, 32)).save(folder / "images" / split / f"{split}_{name}" / "0.png")
     (folder / "download").mkdir()  # data arrange's input; its output, arranged/, is made by it
     tiny_run(folder / "runs" / "omni", tiny_omniglot_root)
+    # A manifest where the bench page's commands find one (settings read only its header).
+    info = ManifestInfo("omniglot", "test", 5, 1, 15, 2, 0, "labels", "images")
+    index = torch.zeros(2, 5, 16, dtype=torch.long)
+    manifest = Manifest(info, index, torch.zeros(2, 5, dtype=torch.long))
+    write_manifest(manifest, folder / "bench" / "omniglot-v1" / "manifests" / "5w1s.npz")
     return folder
 
 
@@ -409,12 +421,25 @@ def here(row: dict) -> str:
     return f"{row['accuracy']:.2f} ± {row['ci95']:.2f}" if row["shipped"] else "—"
 
 
-def test_readme_reproduction_table_is_the_studys():
+def test_readme_reproduction_table_is_the_stored_results():
+    # Each accuracy from the zoo's stored omniglot-v1 results (the one source of the numbers),
+    # the methods and their papers' numbers from the reproduction study.
+    stored = {
+        (r.name, r.cell): r for r in read_results(STORED / "omniglot-v1", "omniglot-v1", True)
+    }
     record = json.loads(REPRODUCTION.read_text())
     cells: dict[str, dict[tuple[int, int], str]] = {}
     for row in record["rows"]:
         paper = "—" if row["paper"] is None else str(row["paper"])
-        cells.setdefault(row["method"], {})[row["way"], row["shot"]] = f"{here(row)} ({paper})"
+        result = stored.get((row["method"], f"{row['way']}w{row['shot']}s"))
+        assert (result is not None) == row["shipped"], row["method"]
+        if result is not None:
+            acc = result.accuracies()
+            cell = f"{100 * float(acc.mean()):.2f} ± {100 * ci95(acc):.2f}"
+            assert cell == here(row)  # the study's own record agrees
+        else:
+            cell = "—"
+        cells.setdefault(row["method"], {})[row["way"], row["shot"]] = f"{cell} ({paper})"
     expected = [[method, *(shapes[s] for s in SHAPES)] for method, shapes in cells.items()]
     assert marked_table(README, "readme-reproduction") == expected
     assert f"same {record['episodes']} seeded test" in " ".join(README.split())
@@ -432,6 +457,41 @@ def test_results_page_reproduction_table_is_the_studys():
         expected.append([row["method"], shape, here(row), paper, *trained])
     results = (REPO / "docs" / "results.md").read_text()
     assert marked_table(results, "reproduction-table") == expected
+
+
+def test_results_page_leaderboard_is_the_stored_results():
+    suite = load_suite("omniglot-v1")
+    board = build_leaderboard(suite, read_results(STORED / suite.id, suite.id, True))
+    results = (REPO / "docs" / "results.md").read_text()
+    block = results.split("<!-- omniglot-v1-leaderboard -->\n", 1)[1]
+    assert block.split("<!-- /omniglot-v1-leaderboard -->", 1)[0] == board.markdown("###")
+
+
+def test_results_page_cross_domain_table_is_the_stored_results():
+    # Nearest centroid's accuracy of each model, and below it its paired difference to its
+    # random floor, from the stored cross-domain-v1 results (the MAML family's on the first
+    # 200 episodes where they have only those, as the page says).
+    suite = load_suite("cross-domain-v1")
+    stored = read_results(STORED / suite.id, suite.id, True)
+    by = {(r.name, r.cell): r for r in stored if r.name.endswith(" + centroid")}
+    rows = marked_table((REPO / "docs" / "results.md").read_text(), "cross-domain-table")
+    floors = {"conv4": "random conv4 (floor)", "resnet12": "random ResNet-12 (floor)"}
+    expected, model = [], None
+    for row in rows:
+        if not row[0].endswith("− floor"):
+            model = row[0]
+            count = 200 if "MAML" in model else None
+            own = [by[f"{model} + centroid", c.name].accuracies(count) for c in suite.cells]
+            expected.append([model, *(f"{100 * float(a.mean()):.2f}" for a in own)])
+            continue
+        floor = floors["resnet12" if "ResNet-12" in model else "conv4"]
+        cells = []
+        for cell in suite.cells:
+            mine = by[f"{model} + centroid", cell.name].accuracies(count)
+            difference = mine - by[f"{floor} + centroid", cell.name].accuracies(len(mine))
+            cells.append(f"{100 * float(difference.mean()):+.2f}".replace("-", "−"))
+        expected.append([row[0], *cells])
+    assert rows == expected
 
 
 def test_readme_ehg_table_is_the_studys():

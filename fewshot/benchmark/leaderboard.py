@@ -41,37 +41,39 @@ class Leaderboard:
     notes: list[str]
     stored: list[str]  # the models whose results are the zoo's stored ones
 
-    def markdown(self) -> str:
-        """The leaderboard as Markdown: a table per cell, then the mean ranks."""
-        lines = [f"# Leaderboard: {self.suite}", ""]
+    def markdown(self, heading: str = "#") -> str:
+        """The leaderboard as Markdown under a `heading` of that level: a table per cell, then
+        the mean ranks."""
+        lines = [f"{heading} Leaderboard: {self.suite}", ""]
         lines += [
             "Accuracy ± 95% CI (%) over each cell's episodes; the difference to the cell's best, "
             "paired by episode, ± its 95% CI, with the paired t-test's p-value Holm-corrected "
             "over the cell's comparisons; = marks the models not separable from the best "
-            "(p >= 0.05); the rank's 95% interval is from a paired bootstrap over episodes.",
+            "(p >= 0.05); the rank's 95% interval is from a paired bootstrap over episodes. "
+            "Models in bold were evaluated here, the others are the zoo's stored results.",
             "",
         ]
         for ranking in self.cells:
-            lines += [f"## {ranking.cell} ({ranking.episodes} episodes)", ""]
+            lines += [f"{heading}# {ranking.cell} ({ranking.episodes} episodes)", ""]
             lines += [
                 "| rank | model | accuracy | − best | p (Holm) | rank 95% |",
                 "|---|---|---|---|---|---|",
             ]
             for s in ranking.standings:
                 mark = "= " if s.tied else ""
-                stored = " (stored)" if s.name in self.stored else ""
+                name = s.name if s.name in self.stored else f"**{s.name}**"
                 diff = (
                     "best"
                     if s.difference is None
                     else f"{s.difference:+.2f} ± {s.difference_ci95:.2f}"
                 )
-                p = "" if s.p_holm is None else f"{s.p_holm:.3g}"
+                p = "" if s.p_holm is None else f"{s.p_holm:.3g}" if s.p_holm else "< 1e-300"
                 lines.append(
-                    f"| {mark}{s.rank:g} | {s.name}{stored} | {s.accuracy:.2f} ± {s.ci95:.2f} "
+                    f"| {mark}{s.rank:g} | {name} | {s.accuracy:.2f} ± {s.ci95:.2f} "
                     f"| {diff} | {p} | {s.rank_low}-{s.rank_high} |"
                 )
             lines.append("")
-        lines += ["## Across cells", ""]
+        lines += [f"{heading}# Across cells", ""]
         if self.across.models:
             lines += ["| model | mean rank |", "|---|---|"]
             lines += [

@@ -145,14 +145,14 @@ class EpisodeSettings(ModelSettings):
                     f"it), got {value!r}: leave it out",
                 )
             object.__setattr__(self, key, wanted)
-        if self.episodes > info.episodes:
+        if self.episodes == defaults["episodes"]:
+            object.__setattr__(self, "episodes", info.episodes)
+        elif self.episodes > info.episodes:
             raise SettingError(
                 "episodes",
                 f"is at most {info.episodes}, the episodes of --episodes-file "
                 f"{self.episodes_file}, got {self.episodes}",
             )
-        if self.episodes == defaults["episodes"]:
-            object.__setattr__(self, "episodes", info.episodes)
 
     def episode_batches(self, batch: int) -> Iterator[torch.Tensor] | None:
         """The episodes of --episodes-file in batches of `batch` (None: the seeded ones)."""
