@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from benchmarks import bench_logistic, bench_pretrain
+from benchmarks import bench_logistic, bench_pretrain, bench_suite
 
 SECONDS = r"\d+\.\d+"
 
@@ -45,6 +45,19 @@ def test_bench_pretrain_smoke(monkeypatch, capsys):
     bare = re.search(rf"bare PyTorch loop +({SECONDS}) ms", out)
     assert ours and bare and float(ours[1]) > 0 and float(bare[1]) > 0
     assert re.search(r"ratio \d+\.\d+x: goal <= 1.1x (met|MISSED)", out)
+
+
+def test_bench_suite_smoke(monkeypatch, capsys):
+    out = run(monkeypatch, capsys, bench_suite, "--smoke", "--maml")
+    assert "(5w1s, 20w1s; 20 episodes a cell, 15 queries, seed 0), 1 rounds" in out, out
+    ours = re.findall(rf"^B \(fewshot bench\) +({SECONDS}) s", out, re.M)
+    evals = re.findall(rf"^A \(sum of 2 fewshot eval\) +({SECONDS}) s", out, re.M)
+    assert len(ours) == len(evals) == 2 and all(float(s) > 0 for s in ours + evals), out
+    ratio = re.search(rf"^ratio B / A ({SECONDS}): goal <= 0.5 (met|MISSED)$", out, re.M)
+    assert ratio and float(ratio[1]) == pytest.approx(float(ours[0]) / float(evals[0]), rel=0.01)
+    assert re.search(rf"^B \(fewshot bench\) +{SECONDS} s +{SECONDS} s/episode$", out, re.M), out
+    # The same episodes in both arms: the same accuracies.
+    assert out.count("largest accuracy difference: 0 points") == 2, out
 
 
 def test_bench_vs_learn2learn_smoke(monkeypatch, capsys):

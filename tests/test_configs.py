@@ -35,7 +35,10 @@ def shipped_configs() -> list[Path]:
     """The configs the repository ships: the JSON files of models/ that git tracks (a file a
     user writes there, e.g. an `--out` result, is none of them), every one outside git."""
     configs = tracked("models/*/*.json")
-    return sorted((REPO / "models").glob("*/*.json")) if configs is None else configs
+    if configs is None:
+        return sorted((REPO / "models").glob("*/*.json"))
+    # git's * crosses folders: models/bench/ holds the zoo's stored results, not configs.
+    return [path for path in configs if path.parent.parent == REPO / "models"]
 
 
 ALL_CONFIGS = shipped_configs()

@@ -17,8 +17,8 @@ from fewshot.benchmark.leaderboard import build_leaderboard
 from fewshot.benchmark.results import STORED, read_results
 from fewshot.benchmark.suites import load_suite
 from fewshot.cli.main import COMMANDS, build_parser, main
-from fewshot.evaluation.stats import ci95
 from fewshot.evaluation.manifests import Manifest, ManifestInfo, write_manifest
+from fewshot.evaluation.stats import ci95
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()

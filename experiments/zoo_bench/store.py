@@ -12,6 +12,7 @@ fingerprint must be the cell's. The random floor is not recorded by a study: it 
     fewshot bench omniglot-v1 conv4 --classifier centroid --name "random conv4 (floor)" \
         --amp off --no-stored --out runs/floor
     python -m experiments.zoo_bench.store --floor runs/floor
+    python -m experiments.zoo_bench.store --smoke --out DIR    # the test suite's run
 
 The cross-domain study's evaluations are each frozen model with nearest centroid and with
 logistic regression (the MAML family's on the first 200 of the 600 episodes: ranked where a
@@ -29,6 +30,7 @@ import torch
 
 from experiments.cross_domain.study import MODELS, SETS
 from experiments.cross_domain.study import slug as study_slug
+from experiments.smoke import add_smoke_flag, smoke_folder
 from fewshot.benchmark.results import STORED, correct_counts, read_results, slug
 from fewshot.benchmark.suites import load_suite
 from fewshot.runtime.io import atomic_write_json
@@ -110,9 +112,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--floor", help="the output folder of the floor's omniglot-v1 bench")
     parser.add_argument("--out", default=str(STORED), help="the stored results' folder")
+    add_smoke_flag(parser)
     args = parser.parse_args(argv)
+    # --smoke: every recorded evaluation converted (there is nothing smaller), into --out.
+    root = smoke_folder(args.out) if args.smoke else Path(args.out)
     for suite_id, source in SOURCES.items():
-        suite, out = load_suite(suite_id), Path(args.out) / suite_id
+        suite, out = load_suite(suite_id), root / suite_id
         fingerprints: dict[str, set] = {}
         for name, cell, path in source(suite):
             record = stored_record(suite, name, cell, path)

@@ -13,7 +13,7 @@ import io
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fewshot.benchmark.results import CellResult
+from fewshot.benchmark.results import CellResult, model_key
 from fewshot.benchmark.suites import Suite
 from fewshot.evaluation.ranking import (
     AcrossCells,
@@ -134,11 +134,43 @@ def check_pairing(cell: str, results: list[CellResult]) -> None:
                 )
 
 
+def check_names(results: list[CellResult]) -> None:
+    """Refuse a name whose results (not the zoo's: a zoo row is its method's model of each
+    cell) are of two models: a name's row is one model."""
+    models: dict[str, CellResult] = {}
+    for result in results:
+        if result.stored:
+            continue
+        first = models.setdefault(result.name, result)
+        if model_key(first.record) != model_key(result.record):
+            raise FewshotError(
+                f"{result.name!r} names two models: {first.path} and {result.path} were "
+                "evaluated with other weights or settings (bench the other under another --name, "
+                "or again with --overwrite)"
+            )
+
+
+def same_models(results: list[CellResult]) -> list[str]:
+    """Notes on rows that are one model under two names (a user's checkpoint that is a zoo
+    model, say): where every cell of one is the other's."""
+    keys: dict[str, set[str]] = {}
+    for result in results:
+        keys.setdefault(result.name, set()).add(model_key(result.record))
+    names = sorted(keys)
+    return [
+        f"{a} and {b} are the same model (the same weights, classifier and precision)"
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+        if keys[a] <= keys[b] or keys[b] <= keys[a]
+    ]
+
+
 def build_leaderboard(
     suite: Suite, results: list[CellResult], limit: int | None = None, seed: int = 0
 ) -> Leaderboard:
     """Rank every cell's results (the first `limit` episodes of each where given; a result
     with fewer episodes than ranked is left out, with a note)."""
+    check_names(results)
     rankings, episodes = [], {}
     notes: list[str] = []
     short: dict[tuple[str, int, int], list[str]] = {}  # (model, has, ranked): its cells
@@ -163,6 +195,7 @@ def build_leaderboard(
         f"(--limit {has} ranks it on the first {has})"
         for (name, has, count), cells in short.items()
     ]
+    notes += same_models(results)
     if not rankings:
         raise FewshotError(f"suite {suite.id}: no results to rank")
     stored = sorted({r.name for r in results if r.stored})

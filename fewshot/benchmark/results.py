@@ -23,6 +23,17 @@ MAX_RESULT_BYTES = 1 << 24  # 2000 episodes take 10 KB; a larger file is not a r
 KEYS = ("name", "suite", "cell", "episodes_sha256", "dataset_fingerprint", "correct", "queries")
 
 
+# What names the model of a result: its weights, how it classified, at which precision.
+MODEL_KEYS = ("checkpoint_sha256", "backbone", "backbone_options", "backbone_sha256")
+MODEL_KEYS += ("backbone_weights_sha256", "normalization", "classifier", "classifier_options")
+MODEL_KEYS += ("batch_norm", "inner_steps", "precision")
+
+
+def model_key(record: dict) -> str:
+    """The model a result's record was evaluated with, as one string (equal for equal models)."""
+    return json.dumps({key: record.get(key) for key in MODEL_KEYS}, sort_keys=True)
+
+
 def slug(name: str) -> str:
     """A display name as a folder name: lower-case words joined by '-'."""
     return re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-.") or "model"

@@ -56,8 +56,8 @@ class Cell:
                 "resize" if self.resize else "channels",
                 "applies to a folder data set (a built-in one has its own geometry)",
             )
-        if self.dataset == FOLDER and self.root is None:
-            raise SettingError("root", "is needed for a folder data set: its folder")
+        if self.dataset == FOLDER and self.root is None:  # named by the key that was given
+            raise SettingError("dataset", "folder needs a root: the data set's folder")
         if self.channels not in (None, 1, 3):
             raise SettingError("channels", f"must be 1 or 3, got {self.channels}")
         if self.root is not None and (

@@ -139,28 +139,41 @@ def run_bench(listing: BenchListing, settings: BenchSettings) -> Leaderboard | N
         print(suites_listing())
         return None
     if settings.suite is None:
-        raise SettingError("suite", "is needed: a suite's name (fewshot bench --list) or file")
+        raise FewshotError("a suite is needed: a shipped one's name (fewshot bench --list) or file")
     suite = load_suite(settings.suite)
     out = Path(settings.out or Path("bench") / suite.id)
     claim_folder(out, suite)
     cells = [suite.cell(name) for name in settings.cells] if settings.cells else list(suite.cells)
     stored = read_results(STORED / suite.id, suite.id, True) if settings.stored else []
     jobs = model_jobs(settings, cells) + rerun_jobs(settings, stored, cells)
-    results = out / ("results" if settings.limit is None else f"first-{settings.limit}")
+    # A quick look (--limit) keeps its results and leaderboard apart from the full ones.
+    board_folder = out if settings.limit is None else out / f"first-{settings.limit}"
+    results = board_folder / "results" if settings.limit else out / "results"
+    too_few = [c for c in cells if settings.limit and settings.limit > c.episodes]
+    if too_few:
+        raise FewshotError(
+            f"--limit {settings.limit} is more than the {too_few[0].episodes} episodes of cell "
+            f"{too_few[0].name}"
+        )
     if settings.plan:
         print(plan_lines(jobs, results, stored))
         return None
     manifests = {cell.name: cell_manifest(cell, settings.data_root, out) for cell in cells}
     failures = run_jobs(jobs, settings, suite, manifests, results)
-    board = leaderboard(suite, stored, read_results(results, suite.id, False), settings.limit)
-    paths = write_leaderboard(board, out)
+    failed = (
+        f"{len(failures)} of {len(jobs)} evaluations failed: " + "; ".join(failures)
+        if failures
+        else ""
+    )
+    try:
+        board = leaderboard(suite, stored, read_results(results, suite.id, False), settings.limit)
+    except FewshotError as e:
+        raise FewshotError(f"{failed} ({e})" if failed else str(e)) from None
+    paths = write_leaderboard(board, board_folder)
     print(summary_lines(board))
     print(f"leaderboard in {', '.join(str(p) for p in paths)}")
-    if failures:
-        raise FewshotError(
-            f"{len(failures)} of {len(jobs)} evaluations failed (the others are ranked): "
-            + "; ".join(failures)
-        )
+    if failed:
+        raise FewshotError(f"{failed} (the others are ranked)")
     return board
 
 
@@ -251,9 +264,9 @@ def rerun_jobs(settings: BenchSettings, stored: list[CellResult], cells: list[Ce
     known = {r.name for r in stored}
     unknown = [name for name in wanted if name != "all" and name not in known]
     if unknown:
-        raise SettingError(
-            "rerun_stored",
-            f"names no stored model: {unknown[0]!r}; stored: {', '.join(sorted(known))}",
+        raise FewshotError(
+            f"--rerun-stored names no stored model: {unknown[0]!r}; stored: "
+            + (", ".join(sorted(known)) or "none")
         )
     jobs = []
     names = {c.name for c in cells}
@@ -286,8 +299,10 @@ def plan_lines(jobs: list[Job], results: Path, stored: list[CellResult]) -> str:
     """The jobs, each with what is there of it."""
     lines = [f"{len(jobs)} evaluations, results in {results}:"]
     for job in jobs:
+        # A result there is read back only if it is this very evaluation's, which the run
+        # checks; the plan builds no model.
         there = (results / slug(job.name) / f"{job.cell.name}.json").is_file()
-        lines.append(f"  {job.name} on {job.cell.name}: {'done' if there else 'to run'}")
+        lines.append(f"  {job.name} on {job.cell.name}: {'result present' if there else 'to run'}")
     if stored:
         models = sorted({r.name for r in stored})
         lines.append(f"ranked with the stored results of {len(models)} models: {', '.join(models)}")
@@ -300,6 +315,11 @@ def run_jobs(
     """Run every job (a model's cells one after another, its features kept in memory between
     them); a job that fails is named with its reason and the others go on."""
     failures, memories = [], {}
+    planned: dict[str, int] = {}  # each model's images of all its episodes
+    for job in jobs:
+        cell = job.cell
+        episodes = settings.limit or cell.episodes
+        planned[job.name] = planned.get(job.name, 0) + episodes * cell.way * cell.shape.pool
     bar = tqdm(jobs, desc="bench", unit="cell", disable=not jobs)
     for job in bar:
         bar.set_postfix_str(f"{job.name} {job.cell.name}")
@@ -314,7 +334,7 @@ def run_jobs(
             episodes=settings.limit or job.cell.episodes,
             out=str(results / slug(job.name) / f"{job.cell.name}.json"),
         )
-        memory = memories.setdefault(job.name, FeatureMemory())
+        memory = memories.setdefault(job.name, FeatureMemory(planned[job.name]))
         try:
             evaluation = build(EvalSettings, [("flags", flags)])
             evaluate_to_file(evaluation, bar.write, memory, result_fields(job, suite), reuse=True)

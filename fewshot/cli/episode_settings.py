@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
@@ -52,6 +51,8 @@ from fewshot.training.model_source import Backbone, Model, frozen_geometry, froz
 # per call (PT-MAP: 2000 five-way episodes in 181 s at 8 per call, 18 s at 200, on 2 cores).
 EPISODES_PER_BATCH = 8
 CACHED_EPISODES_PER_BATCH = 200
+# The episodes' settings where neither a flag nor --episodes-file gives them.
+EPISODE_DEFAULTS = {"way": 5, "shot": 1, "query": 15, "episodes": 1000, "seed": 0}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,22 +70,31 @@ class EpisodeSettings(ModelSettings):
     )
     resize: int | None = resize_setting()
     channels: int | None = channels_setting()
-    way: int = setting(5, help="classes per episode (with --varied: the fewest)", low=1)
-    shot: int = setting(1, help="support images per class (with --varied: the most)", low=1)
-    query: int = setting(15, help="query images per class", low=1)
+    way: int | None = setting(
+        None, help="classes per episode (with --varied: the fewest; default 5)", low=1
+    )
+    shot: int | None = setting(
+        None, help="support images per class (with --varied: the most; default 1)", low=1
+    )
+    query: int | None = setting(None, help="query images per class (default 15)", low=1)
     varied: bool = setting(False, help=VARIED_HELP)
     max_way: int | None = setting(None, help="--varied: the largest way (default: --way)", low=1)
     max_support: int = setting(
         MAX_SUPPORT, help="--varied: the most support images of an episode", low=1
     )
-    episodes: int = setting(1000, help="number of seeded episodes (>= 2 for a CI)", low=2)
+    episodes: int | None = setting(
+        None,
+        help="number of seeded episodes (>= 2 for a CI; default 1000, with --episodes-file all "
+        "of its)",
+        low=2,
+    )
     episodes_per_batch: int | None = setting(
         None,
         help=f"episodes per head call (memory and speed; the episodes stay the same; default "
         f"{EPISODES_PER_BATCH}, {CACHED_EPISODES_PER_BATCH} with the evaluation cache)",
         low=1,
     )
-    seed: int = seed_setting(0, help="seed of the test episodes")
+    seed: int | None = seed_setting(None, help="seed of the test episodes (default 0)")
     device: str = device_setting()
     cache: bool | None = setting(
         None,
@@ -100,9 +110,13 @@ class EpisodeSettings(ModelSettings):
     )
 
     def __post_init__(self) -> None:
-        super().__post_init__()
+        # The episodes' settings first: the model's settings check a classifier on them.
         if self.episodes_file is not None:
             self.take_manifest()
+        for key, value in EPISODE_DEFAULTS.items():  # what was not given, nor by a manifest
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, value)
+        super().__post_init__()
         check_data_options(self)
         check_varied_options(self)
         if self.varied and self.episodes_per_batch not in (None, 1):
@@ -130,22 +144,22 @@ class EpisodeSettings(ModelSettings):
         return read_manifest(self.episodes_file) if self.episodes_file else None
 
     def take_manifest(self) -> None:
-        """Take the episodes' settings from --episodes-file: a flag that says otherwise (not
-        at its default) is refused, and --episodes at its default means all of them."""
+        """Take the episodes' settings from --episodes-file: a flag that says otherwise is
+        refused; --episodes N takes its first N."""
         info = self.manifest.info
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
         if self.varied:
             raise SettingError("varied", "does not apply with --episodes-file: its episodes are")
         for key in ("dataset", "split", "way", "shot", "query", "seed"):
             value, wanted = getattr(self, key), getattr(info, key)
-            if value not in (defaults[key], wanted):
+            given = value is not None and not (key == "split" and value == "test")
+            if given and value != wanted:
                 raise SettingError(
                     key,
                     f"is {wanted!r} in --episodes-file {self.episodes_file} (its episodes decide "
                     f"it), got {value!r}: leave it out",
                 )
             object.__setattr__(self, key, wanted)
-        if self.episodes == defaults["episodes"]:
+        if self.episodes is None:
             object.__setattr__(self, "episodes", info.episodes)
         elif self.episodes > info.episodes:
             raise SettingError(

@@ -192,8 +192,6 @@ def evaluate_to_file(
     method, config = model.method, model.config
     if config.get("freeze_backbone") and model.checkpoint is not None:
         use_run_features(method, model.checkpoint)
-    elif features is not None and getattr(method, "feature_cache", None) is None:
-        method.use_feature_cache(features)  # (a frozen backbone's are on disk already)
     dataset = settings.dataset or config["dataset"]
     settings.prepare(method, config)
     # Everything the result depends on (the episodes per batch does not: see EPISODE_BLOCK).
@@ -237,6 +235,9 @@ def evaluate_to_file(
         )
     settings.check_method(method)
     [split] = settings.episode_splits(dataset, [(config, model.label)])
+    own = getattr(method, "feature_cache", None)  # a frozen backbone's are on disk already
+    if features is not None and own is None and features.pays(len(split.labels)):
+        method.use_feature_cache(features)
     record["cache"] = cache = settings.cache_for(method, len(split.labels))
     note = settings.cache_note(method, len(split.labels))
     if note and features is None:

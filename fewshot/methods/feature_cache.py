@@ -71,10 +71,17 @@ class FeatureCache:
 
 class FeatureMemory:
     """`FeatureCache` in memory: a split's features under one backbone, embedded once for
-    every evaluation of one model in one process (fewshot bench's cells of one split)."""
+    every evaluation of one model in one process (fewshot bench's cells of one split), where
+    that costs less than embedding the `images` of all their episodes."""
 
-    def __init__(self) -> None:
+    def __init__(self, images: int) -> None:
+        self.images = images
         self.held: dict[str, torch.Tensor] = {}
+
+    def pays(self, split_images: int) -> bool:
+        """Whether embedding a split of `split_images` images once costs less than embedding
+        every episode's."""
+        return split_images < self.images
 
     def features(
         self, split: ImageSplit, backbone: str, embed: Callable[[ImageSplit], torch.Tensor]
