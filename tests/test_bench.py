@@ -24,6 +24,7 @@ from fewshot.datasets import load_split
 from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluation.episodes import seeded_episodes
 from fewshot.evaluation.manifests import draw_manifest, read_manifest, write_manifest
+from fewshot.runtime.errors import FewshotError
 
 REPO = Path(__file__).resolve().parents[1]
 # A zoo checkpoint that solves these episodes far better than the tiny model.
@@ -625,3 +626,32 @@ def test_the_zoo_protonet_on_the_omniglot_v1_manifest_is_its_recorded_evaluation
     zoo = read_result(STORED / "omniglot-v1" / "protonet" / "5w1s.json", True)
     assert zoo.episodes_sha256 == cell.sha256
     assert zoo.correct.tolist() == ours
+
+
+def test_a_stored_model_evaluated_again_is_its_stored_record(tmp_path, capsys):
+    # The floor (a frozen conv4 with its seeded initialisation): --rerun-stored rebuilds it
+    # from its record and finds every episode of its stored result, and the leaderboard ranks
+    # the new result in place of the stored one.
+    name, out = "random conv4 (floor)", tmp_path / "bench"
+    args = ["bench", "omniglot-v1", "--rerun-stored", name, "--cells", "20w5s", "--limit", "100"]
+    assert main([*args, "--out", str(out), "--device", "cpu"]) == 0
+    [again] = read_results(out / "first-100" / "results", "omniglot-v1", False)
+    stored = read_result(STORED / "omniglot-v1" / "random-conv4-floor" / "20w5s.json", True)
+    assert again.name == name and again.record["stored_model"] is True
+    assert torch.equal(again.correct, stored.correct[:100])
+    board = json.loads((out / "first-100" / "leaderboard.json").read_text())
+    assert name not in board["stored"] and "ProtoNet" in board["stored"]
+
+
+def test_the_python_api_returns_the_leaderboard(model, suite, tmp_path, tiny_omniglot_root):
+    out = tmp_path / "bench"
+    board = fewshot.bench(
+        suite, model, out=out, stored=False, data_root=tiny_omniglot_root, device="cpu"
+    )
+    assert [ranking.cell for ranking in board.cells] == ["5w1s", "5w5s"]
+    assert board.cells[0].standings[0].name == "tiny"
+    assert json.loads((out / "leaderboard.json").read_text()) == json.loads(
+        json.dumps(board.to_json())
+    )
+    with pytest.raises(FewshotError, match="--limit 50 is more than the 20 episodes"):
+        fewshot.bench(suite, model, out=out, stored=False, limit=50)

@@ -39,7 +39,7 @@ class Leaderboard:
     cells: list[CellRanking]
     across: AcrossCells
     notes: list[str]
-    stored: list[str]  # the models whose results are the zoo's stored ones
+    stored: list[str]  # the models whose results are all the zoo's stored ones
 
     def markdown(self, heading: str = "#") -> str:
         """The leaderboard as Markdown under a `heading` of that level: a table per cell, then
@@ -198,7 +198,8 @@ def build_leaderboard(
     notes += same_models(results)
     if not rankings:
         raise FewshotError(f"suite {suite.id}: no results to rank")
-    stored = sorted({r.name for r in results if r.stored})
+    fresh = {r.name for r in results if not r.stored}
+    stored = sorted({r.name for r in results if r.stored} - fresh)
     return Leaderboard(suite.id, episodes, rankings, across_cells(rankings), notes, stored)
 
 
