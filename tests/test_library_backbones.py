@@ -20,6 +20,7 @@ import pytest
 import timm
 import torch
 import torchvision
+from PIL import Image
 from test_folder import split_folders
 from trainers import make_trainer
 
@@ -385,3 +386,26 @@ def test_anil_adapts_a_classifier_on_a_timm_backbone(tmp_path):
     before = trainer.method.backbone.model.conv1[0].weight.detach().clone()
     trainer.fit()
     assert not torch.equal(trainer.method.backbone.model.conv1[0].weight, before)
+
+
+@pytest.mark.parametrize("name", ["timm:resnet18x", "torchvision:resnet18x"])
+@pytest.mark.parametrize("command", ["eval", "compare", "predict"])
+def test_a_misspelt_library_name_is_one_line_in_every_command(name, command, tmp_path, capsys):
+    # A folder data set and predict read the backbone's own input size first: they used to end
+    # in a traceback where Omniglot gave one line.
+    for label in ("a", "b"):
+        (tmp_path / "images" / "test" / label).mkdir(parents=True)
+        for i in range(3):
+            Image.new("RGB", (20, 20)).save(tmp_path / "images" / "test" / label / f"{i}.png")
+    folder = ["--dataset", "folder", "--data-root", str(tmp_path / "images"), "--way", "2"]
+    folder += ["--query", "1", "--episodes", "2"]
+    argv = {
+        "eval": ["eval", "--backbone", name, *folder],
+        "compare": ["compare", name, "conv4", *folder],
+        "predict": ["predict", "--backbone", name, "--support", str(tmp_path / "images" / "test")],
+    }[command]
+    argv += ["--query", str(tmp_path / "images" / "test" / "a")] if command == "predict" else []
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert f"'{name}' is not a {name.partition(':')[0]} model; close names: resnet18" in err

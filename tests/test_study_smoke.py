@@ -813,3 +813,18 @@ def test_the_pmf_study_refuses_bad_fine_tuning_options_before_training(flags, me
         parse_args(flags)
     assert stopped.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_missing_source_is_one_line(tmp_path, capsys):
+    # The cross-domain study reads its sets from --source: a wrong folder used to end in a
+    # traceback.
+    from experiments.cross_domain.study import main
+
+    missing = tmp_path / "nowhere"
+    with pytest.raises(SystemExit) as stop:
+        main(["--source", str(missing), "--runs", str(tmp_path / "runs"), "--data-only"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"cross_domain: error: --source {missing}: missing IDX file")
+    assert len(err.splitlines()) == 1
+    assert not (tmp_path / "runs" / "cross_domain_data" / "mnist").exists()

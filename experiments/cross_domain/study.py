@@ -36,6 +36,7 @@ import io
 import itertools
 import json
 import shutil
+import sys
 import tarfile
 from pathlib import Path
 
@@ -56,6 +57,7 @@ from experiments.cli_runs import (
 from experiments.smoke import add_study_flags, apply_smoke
 from fewshot.datasets.idx import read_fashion_mnist, read_mnist
 from fewshot.evaluation.stats import ci95, paired_ci
+from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import atomic_write_json, file_sha256
 
 HERE = Path(__file__).resolve().parent
@@ -181,7 +183,13 @@ def test_flags(root: Path, query: int) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     """Write the data sets, pretrain what is missing, evaluate every row, write the tables."""
     args = parse_args(argv)
-    roots = write_folders(Path(args.source), Path(args.runs) / "cross_domain_data", args.per_class)
+    try:
+        roots = write_folders(
+            Path(args.source), Path(args.runs) / "cross_domain_data", args.per_class
+        )
+    except (FewshotError, OSError) as e:  # a source that is not there: one line, exit 2
+        print(f"cross_domain: error: --source {args.source}: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
     if args.data_only:  # the data of the cross-domain-v1 suite (fewshot bench --data-root RUNS)
         return
     rows = [m for m in MODELS if not args.models or m in args.models]

@@ -19,11 +19,12 @@ from fewshot.cli.eval import given_settings, result_identity
 from fewshot.cli.model_settings import method_label
 from fewshot.evaluation.episodes import EvalResult
 from fewshot.evaluation.stats import Difference, paired_ci, paired_seeds_ci, seeds_ci
+from fewshot.methods.feature_cache import backbone_digest
 from fewshot.runtime.device import resolve_device
 from fewshot.runtime.io import atomic_write_json, file_sha256, json_differences, prepare_output
 from fewshot.runtime.settings import Command, SettingError, setting
 from fewshot.training.checkpoint import checkpoint_file
-from fewshot.training.model_source import Model, checkpoint_model
+from fewshot.training.model_source import Model, checkpoint_model, given_module, module_identity
 
 
 def names_backbone(arm: str) -> bool:
@@ -99,6 +100,10 @@ def identity(settings: CompareSettings | CompareSeedsSettings) -> dict:
         transductive=settings.transductive,
     )
     record.update(given_settings(settings))
+    if settings.data_root:  # other data under the same name is another comparison
+        record.update(data_root=str(Path(settings.data_root).resolve()))
+    if settings.normalization != "auto":
+        record.update(normalization=settings.normalization)
     if settings.manifest:
         record.update(episodes_sha256=settings.manifest.sha256)
     record["checkpoint_sha256"] = [arm_digest(settings, p) for p in paths]
@@ -107,9 +112,14 @@ def identity(settings: CompareSettings | CompareSeedsSettings) -> dict:
 
 def arm_digest(settings: EpisodeSettings, arm: str) -> str:
     """What names an arm's weights before any is built: its checkpoint file's SHA-256, or a
-    frozen backbone's name, options and weights file's SHA-256."""
+    frozen backbone's name, options and weights file's SHA-256 (a module's from Python: its
+    weights', class and structure)."""
     if not names_backbone(arm):
         return file_sha256(checkpoint_file(arm))
+    given = given_module(arm)
+    if given is not None:
+        parts = [arm, backbone_digest(given.module, ""), *module_identity(given.module).values()]
+        return ":".join(parts)
     weights = settings.backbone_weights
     parts = [arm, json.dumps(settings.backbone_options, sort_keys=True)]
     return ":".join([*parts, file_sha256(weights) if weights else "initialised"])

@@ -66,13 +66,14 @@ def result_identity(record: dict) -> dict:
 
 
 # Settings a record holds only when given, so that the records of their defaults keep their
-# identity (results written before the setting existed included).
-RECORDED_WHEN_GIVEN = ("batch_norm", "inner_steps")
+# identity (results written before the setting existed included); --resize and --channels: a
+# folder read at another geometry is other images, so another result.
+RECORDED_WHEN_GIVEN = ("batch_norm", "inner_steps", "resize", "channels")
 
 
 def given_settings(settings: ModelSettings) -> dict:
     """The settings of RECORDED_WHEN_GIVEN that were given, as a record holds them."""
-    values = {key: getattr(settings, key) for key in RECORDED_WHEN_GIVEN}
+    values = {key: getattr(settings, key, None) for key in RECORDED_WHEN_GIVEN}
     return {key: value for key, value in values.items() if value is not None}
 
 

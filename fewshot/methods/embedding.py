@@ -60,6 +60,9 @@ class EmbeddingMethod(Method):
     adapter: Adapter | None = None
     # A frozen backbone's features on disk (`use_feature_cache`), else None: embedded anew.
     feature_cache: FeatureCache | FeatureMemory | None = None
+    # What else decides the features besides the backbone's class, weights and precision (a
+    # frozen backbone's name and options: fewshot.training.model_source.features_identity).
+    feature_identity: str = ""
     # With `episode_statistics` (`use_episode_statistics`): the backbone's BatchNorm layers
     # alone read each episode's statistics, or the whole model's.
     backbone_statistics_only = False
@@ -380,6 +383,7 @@ class EmbeddingMethod(Method):
         if self.feature_cache is None:
             return self.embed_split(split, device, stop=stop)
         digest = backbone_digest(self.backbone, precision_name(self.amp, device.type))
+        digest += f":{self.feature_identity}" if self.feature_identity else ""
         return self.feature_cache.features(
             split, digest, lambda s: self.embed_split(s, device, stop=stop)
         )

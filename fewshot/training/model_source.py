@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import itertools
 import json
 import re
@@ -149,7 +150,10 @@ class Backbone:
             return lent.get("in_channels"), lent.get("image_size"), mean, std
         if not library_name(self.name):
             return None
-        given = model_input(self.name, self.options)
+        try:
+            given = model_input(self.name, self.options)
+        except ValueError as e:  # a misspelt name, read here first for a folder's geometry
+            raise FewshotError(f"--backbone {self.name}: {e}") from None
         return (None, given.side, given.mean, given.std) if given else None
 
     def own_normalization(self, channels: int) -> tuple[tuple, tuple] | None:
@@ -228,9 +232,11 @@ class Backbone:
         return {k: v for k, v in self.options.items() if k != "pretrained"}
 
     def identity(self, built: nn.Module) -> dict:
-        """What results record of it: its name, options, the SHA-256 of the `built` backbone's
-        class, weights and buffers (a random initialisation, a library's download, a file's or
-        a module's weights alike) and of its weights file, whose path is recorded beside."""
+        """Everything that decides the features it computes, as results record it (and the
+        feature cache is keyed by: `features_identity`): its name, options, the SHA-256 of the
+        `built` backbone's class, weights and buffers (a random initialisation, a library's
+        download, a file's or a module's weights alike) and of its weights file, whose path is
+        recorded beside; its normalisation where chosen; a module's class and structure."""
         record: dict[str, Any] = {"backbone": self.name, "backbone_options": self.options}
         record["backbone_sha256"] = backbone_digest(built, "")
         if self.weights:
@@ -238,7 +244,30 @@ class Backbone:
             record["backbone_weights_sha256"] = file_sha256(self.weights)
         if self.normalization != "auto":
             record["normalization"] = self.normalization
+        if self.module is not None:
+            record.update(module_identity(self.module))
         return record
+
+
+def module_identity(module: nn.Module) -> dict:
+    """What identifies a module's computation as far as it can be read: its class (module and
+    name) and its structure (the SHA-256 of its repr: layers and their settings); what its
+    forward does with plain attributes cannot be read, so its features are not kept on disk."""
+    kind = type(module)
+    structure = hashlib.sha256(repr(module).encode()).hexdigest()
+    return {"module_class": f"{kind.__module__}.{kind.__qualname__}", "module_structure": structure}
+
+
+def features_identity(identity: dict) -> str:
+    """The part of a model's identity that decides its features (not the paths it names) as
+    one string, for the feature cache's key: the one identity results record, so that an
+    option added to it cannot be left out of the key."""
+    kept = {key: value for key, value in identity.items() if key not in IDENTITY_PATHS}
+    return json.dumps(kept, sort_keys=True)
+
+
+# The paths an identity records beside their files' SHA-256: where a file was, not what it is.
+IDENTITY_PATHS = ("backbone_weights", "checkpoint")
 
 
 def frozen_model(
@@ -275,9 +304,13 @@ def frozen_model(
     scale = backbone.own_normalization(geometry[0])
     if scale is not None:
         config.update(mean=list(scale[0]), std=list(scale[1]))
-    if not no_statistics:
+    identity = backbone.identity(built)
+    method.feature_identity = features_identity(identity)
+    # A module from Python may compute otherwise with the same class, structure and weights
+    # (a plain attribute read by its forward): its features are embedded anew by each command.
+    if not no_statistics and backbone.module is None:
         use_feature_cache(method)
-    return Model(method, config, backbone.label, backbone.identity(built))
+    return Model(method, config, backbone.label, identity)
 
 
 def module_device(module: nn.Module) -> torch.device:
