@@ -1,6 +1,7 @@
 """A frozen backbone's feature cache: every image embedded once into the run folder, read by
 each training step, each validation, a resumed run and `fewshot eval`, with the same losses
-and accuracies as embedding every step (real Omniglot images, 24 classes a split)."""
+and accuracies as embedding every step (real Omniglot images, 24 classes a split); a file that
+fails its checksum or its shape is embedded again with one note, never read as features."""
 
 from __future__ import annotations
 
@@ -10,13 +11,14 @@ import signal
 import numpy as np
 import pytest
 import torch
+from test_cache import no_checksum, not_numpy, truncated, zeros
 from trainers import make_trainer
 
 from fewshot.cli.main import main
 from fewshot.datasets.base import ImageSplit
 from fewshot.methods.embedding import EmbeddingMethod
 from fewshot.methods.feature_cache import FeatureCache, backbone_digest
-from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.cache import save_checked
 from fewshot.runtime.signals import Interrupted
 from fewshot.training.settings import PretrainSettings, TrainSettings
 
@@ -136,15 +138,90 @@ def test_the_cache_file_names_what_its_features_depend_on(tmp_path, omniglot_val
     assert len(calls) == 1 and torch.equal(first, again) and again[3].tolist() == [6.0, 7.0]
 
 
-def test_a_damaged_cache_file_is_refused_naming_it(tmp_path, omniglot_val):
-    cache = FeatureCache(tmp_path)
-    path = cache.path(omniglot_val, "d")
-    np.save(path, np.zeros((3, 2), np.float32))
-    with pytest.raises(FewshotError, match=f"feature cache {path} holds float32 \\(3, 2\\)"):
-        cache.features(omniglot_val, "d", lambda s: torch.zeros(len(s.labels), 2))
-    path.write_bytes(b"not a numpy file")
-    with pytest.raises(FewshotError, match="delete it to embed the split again"):
-        cache.features(omniglot_val, "d", lambda s: torch.zeros(len(s.labels), 2))
+class Embedder:
+    """An embedding function that counts its calls: features [N, 2] of a split, 1 onwards."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self, split: ImageSplit) -> torch.Tensor:
+        self.calls += 1
+        return torch.arange(1, 2 * len(split.labels) + 1, dtype=torch.float32).view(-1, 2)
+
+
+def small_split() -> ImageSplit:
+    """Six 4x4 images of two classes."""
+    images = torch.arange(96, dtype=torch.uint8).view(6, 1, 4, 4)
+    return ImageSplit(images, torch.tensor([0, 0, 0, 1, 1, 1]), ["a", "b"], (0.0,), (1.0,))
+
+
+def other_shape(entry) -> None:
+    """An entry with its own checksum, but not this split's features: 3 rows, not 6."""
+    save_checked(np.ones((3, 2), np.float32), entry)
+
+
+def other_dtype(entry) -> None:
+    """An entry with its own checksum, but float64 features."""
+    save_checked(np.ones((6, 2), np.float64), entry)
+
+
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        (zeros, "failed its checksum"),
+        (no_checksum, "has no checksum"),
+        (truncated, "cannot be read"),
+        (not_numpy, "cannot be read"),
+        (other_shape, "holds float32 (3, 2), not the array expected"),
+        (other_dtype, "holds float64 (6, 2), not the array expected"),
+    ],
+)
+def test_a_damaged_cache_file_is_embedded_again_with_one_note(damage, problem, tmp_path, capsys):
+    cache, split, embed = FeatureCache(tmp_path), small_split(), Embedder()
+    want = cache.features(split, "d", embed).clone()
+    assert embed.calls == 1 and capsys.readouterr().err == ""
+    path = cache.path(split, "d")
+    damage(path)
+    got = cache.features(split, "d", embed)
+    assert embed.calls == 2 and torch.equal(got, want)  # the true features, not zeros
+    (note,) = capsys.readouterr().err.splitlines()
+    assert note.startswith(f"note: feature cache {path} {problem}")
+    assert note.endswith(": embedded again")
+    # Rewritten with its checksum: the next read maps it without embedding or a word.
+    assert torch.equal(cache.features(split, "d", embed), want)
+    assert embed.calls == 2 and capsys.readouterr().err == ""
+
+
+def test_an_intact_cache_file_is_read_without_embedding_or_a_note(tmp_path, capsys):
+    cache, split, embed = FeatureCache(tmp_path), small_split(), Embedder()
+    first = cache.features(split, "d", embed).clone()
+    for _ in range(3):
+        assert torch.equal(cache.features(split, "d", embed), first)
+    assert embed.calls == 1 and capsys.readouterr().err == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [cache.path(split, "d").name, f"{cache.path(split, 'd').name}.sha256"]
+    )
+
+
+def test_a_frozen_backbones_zeroed_features_are_embedded_again_with_the_same_accuracy(
+    tmp_path, tiny_omniglot_root, monkeypatch, capsys
+):
+    """`fewshot eval` of a frozen Conv-4 keeps its features in the user's cache; the file then
+    overwritten with zeros of the same shape (read as they were, 20 %: chance), the next
+    evaluation embeds again, with the first accuracy and one note naming the file."""
+    monkeypatch.setenv("FEWSHOT_CACHE", str(tmp_path / "cache"))
+    argv = ["eval", "--backbone", "conv4", "--dataset", "omniglot"]
+    argv += ["--data-root", str(tiny_omniglot_root), "--episodes", "20", "--way", "5"]
+    argv += ["--device", "cpu"]
+    assert main([*argv, "--out", str(tmp_path / "first.json")]) == 0
+    (path,) = (tmp_path / "cache" / "features").glob("*.npy")
+    zeros(path)
+    capsys.readouterr()
+    assert main([*argv, "--out", str(tmp_path / "again.json")]) == 0
+    first, again = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("first", "again"))
+    assert again["accuracy"] == first["accuracy"] > 30  # percent: chance is 20
+    notes = [line for line in capsys.readouterr().err.splitlines() if "checksum" in line]
+    assert notes == [f"note: feature cache {path} failed its checksum: embedded again"]
 
 
 def test_evaluating_a_frozen_run_reads_and_adds_to_its_feature_cache(

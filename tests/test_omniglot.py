@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fewshot.datasets import REPO_DATA, load_split
+from fewshot.runtime.cache import save_checked
 from fewshot.runtime.errors import FewshotError
 
 
@@ -114,12 +115,16 @@ def test_decoded_drawings_are_cached_across_processes(tmp_path, monkeypatch):
     first = load_split("omniglot", "test", REPO_DATA)
     digest = hashlib.sha256((REPO_DATA / "omniglot/images_evaluation.npz").read_bytes())
     entry = tmp_path / "cache" / f"omniglot-{digest.hexdigest()[:32]}-28.npy"
-    assert [p.name for p in (tmp_path / "cache").iterdir()] == [entry.name]
+    # The entry and its checksum beside it.
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [
+        entry.name,
+        f"{entry.name}.sha256",
+    ]
     stored = np.load(entry)
     assert stored.shape == (659, 20, 28, 28)  # every character of the file
     assert torch.equal(first.images, decoded.images)
-    stored[:] = 7  # a stand-in entry: the next load reads the cache, not the npz
-    np.save(entry, stored)
+    stored[:] = 7  # a stand-in entry with its checksum: the next load reads the cache, not the npz
+    save_checked(stored, entry)
     assert torch.equal(load_split("omniglot", "test", REPO_DATA).images.unique(), torch.tensor([7]))
 
 
@@ -127,7 +132,7 @@ def test_decoded_drawings_are_cached_across_processes(tmp_path, monkeypatch):
 def test_a_damaged_cache_entry_is_decoded_again_and_replaced(tmp_path, monkeypatch, damage):
     monkeypatch.setenv("FEWSHOT_CACHE", str(tmp_path))
     want = load_split("omniglot", "test", REPO_DATA).images
-    (entry,) = tmp_path.iterdir()
+    (entry,) = tmp_path.glob("*.npy")
     if damage == "garbage":
         entry.write_bytes(b"\x93NUMPY not an array")
     else:

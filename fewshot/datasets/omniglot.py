@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import hashlib
 import zipfile
 import zlib
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch.nn.functional as F
 from fewshot.datasets.base import ImageSplit
 from fewshot.runtime.cache import cached_array
 from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.io import file_sha256
 
 SPLITS = ("train", "val", "trainval", "test")
 NPZ_FILES = ("images_background.npz", "images_evaluation.npz")
@@ -70,10 +70,10 @@ def _resize(drawings: np.ndarray) -> torch.Tensor:
 def _small_drawings(path: Path) -> torch.Tensor:
     """Every character of an npz file at 28x28, [chars, 20, 28, 28] uint8: decoded and resized
     once (seconds a file), then read from the cache (runtime.cache) by later processes,
-    under the SHA-256 of the file's bytes."""
+    under the SHA-256 of the file's bytes; an entry that fails its checksum is decoded again."""
     if not path.is_file():
         raise FewshotError(f"missing {path}: copy the Omniglot npz files into {path.parent}")
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:32]
+    digest = file_sha256(path)[:32]  # read a MiB at a time, not the whole file at once
 
     def decoded() -> np.ndarray:
         images = _read_npz(path)

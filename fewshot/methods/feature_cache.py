@@ -3,7 +3,9 @@ memory-mapped by each training step, each validation and each later evaluation o
 
 A file is named by everything its features depend on (the split's images and labels, their
 normalisation, the backbone's class, weights and buffers, and the precision it runs in), so a
-change to any of them names another file and a stale cache is never read.
+change to any of them names another file and a stale cache is never read. Each file is written
+with its checksum and checked before use (runtime.cache's checked entries): a damaged one is
+embedded again, with one note.
 """
 
 from __future__ import annotations
@@ -17,8 +19,7 @@ import torch
 from torch import nn
 
 from fewshot.datasets.base import ImageSplit
-from fewshot.runtime.errors import FewshotError
-from fewshot.runtime.io import atomic_save_npy
+from fewshot.runtime.cache import load_checked, save_checked
 
 # The folder of a run's cache, inside its run folder.
 FOLDER = "features"
@@ -35,7 +36,8 @@ def backbone_digest(backbone: nn.Module, precision: str) -> str:
 
 class FeatureCache:
     """The .npy files of one folder, each a split's features [N, d] (float32) under one
-    backbone; `features` embeds a split only when its file is missing."""
+    backbone with its checksum beside it; `features` embeds a split only when its file is
+    missing, or fails its checksum or shape (then with a note)."""
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
@@ -52,20 +54,15 @@ class FeatureCache:
         """The features of every image of `split` (`embed(split)` once, written atomically),
         memory-mapped from the file on the CPU."""
         path = self.path(split, backbone)
-        if not path.exists():
-            atomic_save_npy(embed(split).float().cpu().numpy(), path)
-        try:  # copy-on-write: a writable view for torch, the file itself never written
+
+        def whole(array: np.ndarray) -> bool:
+            return array.dtype == np.float32 and array.ndim == 2 and len(array) == len(split.labels)
+
+        # Copy-on-write: a writable view for torch, the file itself never written.
+        mapped = load_checked(path, "feature cache", "embedded again", whole, mmap_mode="c")
+        if mapped is None:
+            save_checked(embed(split).float().cpu().numpy(), path)
             mapped = np.load(path, mmap_mode="c", allow_pickle=False)
-        except (OSError, ValueError) as e:
-            raise FewshotError(
-                f"feature cache {path} cannot be read ({e}): delete it to embed the split again"
-            ) from None
-        if mapped.dtype != np.float32 or mapped.ndim != 2 or len(mapped) != len(split.labels):
-            raise FewshotError(
-                f"feature cache {path} holds {mapped.dtype} {mapped.shape}, not the float32 "
-                f"features of {split.source}'s {len(split.labels)} images: delete it to embed "
-                "the split again"
-            )
         return torch.from_numpy(mapped)
 
 
