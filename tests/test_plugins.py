@@ -1,15 +1,19 @@
 """Plug-ins from other packages (entry points): the package of docs/guide/your-own-method.md,
 built from the page's own code, joins the registries and trains, resumes, evaluates and is
-compared with the zoo's ProtoNet from the command line; a plug-in that fails to import, takes a
-built-in's name or another's, or names the wrong kind of object is refused in one line naming
-its package, before any image is read."""
+compared with the zoo's ProtoNet from the command line; a plug-in that fails to import (or
+exits there), takes a built-in's name or another's, or names the wrong kind of object is refused
+in one line naming its package, before any image is read; what one returns is checked where it
+first runs, before any checkpoint is saved; a checkpoint names the plug-ins it needs, and their
+packages where they are missing."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +22,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from cli_errors import error_line
+from PIL import Image
 
 from fewshot.backbones import BACKBONES, backbone_names
 from fewshot.cli.main import main
@@ -32,6 +37,9 @@ from fewshot.methods import (
     method_names,
 )
 from fewshot.methods.embedding import build_embedding_method
+from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.plugins import check_installed
+from fewshot.training.checkpoint import load_trained, plugins_needed
 from fewshot.training.settings import TrainSettings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -76,6 +84,19 @@ def installed(
         (site / f"{name}.py").write_text(source)
 
 
+def forget(folder: Path, kept: list[dict]) -> None:
+    """Every registry as in `kept` (taken before any plug-in joined), no entry-point group read
+    and no module of `folder` imported: as a fresh process finds them."""
+    for registry, before in zip(REGISTRIES, kept, strict=True):
+        registry.clear()
+        registry.update(before)
+    for names in NAMES:
+        names._points, names._loaded = None, {}
+    for name, module in list(sys.modules.items()):  # the next test's modules of one name
+        if str(getattr(module, "__file__", None)).startswith(str(folder)):
+            del sys.modules[name]
+
+
 @pytest.fixture
 def site(tmp_path, monkeypatch):
     """A folder of installed distributions on sys.path, no entry-point group read yet; every
@@ -85,14 +106,10 @@ def site(tmp_path, monkeypatch):
     kept = [dict(registry) for registry in REGISTRIES]
     for names in NAMES:
         monkeypatch.setattr(names, "_points", None)
+        monkeypatch.setattr(names, "_loaded", {})
     monkeypatch.syspath_prepend(str(folder))
     yield folder
-    for registry, before in zip(REGISTRIES, kept, strict=True):
-        registry.clear()
-        registry.update(before)
-    for name, module in list(sys.modules.items()):  # the next test's modules of one name
-        if str(getattr(module, "__file__", None)).startswith(str(folder)):
-            del sys.modules[name]
+    forget(folder, kept)
 
 
 def refusal(capsys, tmp_path, *flags: str) -> str:
@@ -334,3 +351,220 @@ def test_a_plugin_backbone_and_head_evaluate_frozen(site, tmp_path, tiny_omniglo
     record = json.loads(out.read_text())
     assert (record["backbone"], record["classifier"]) == ("tiny", "manhattan")
     assert 0.2 < record["accuracy"] / 100 <= 1
+
+
+# A training run cut to two steps and two validation episodes, on the CPU.
+TINY_RUN = ["--epochs", "1", "--episodes-per-epoch", "2", "--episodes-per-batch", "1"]
+TINY_RUN += ["--val-episodes", "2", "--query", "2", "--device", "cpu"]
+
+
+def train_refusal(capsys, tmp_path, data_root: Path, *flags: str) -> str:
+    """The line a tiny `fewshot train` run of `flags` on `data_root` is refused with (exit 2,
+    no traceback; its last, after the progress bar it erased), checking it saved no
+    checkpoint."""
+    run = tmp_path / "run"
+    argv = ["train", *flags, *TINY_RUN, "--data-root", str(data_root), "--out", str(run)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert not list(run.glob("*.pt"))
+    return re.split(r"[\r\n]", err.strip())[-1]
+
+
+def one_plugin(site: Path, group: str, name: str, source: str) -> str:
+    """Install `source` as package fewshot-NAME 0.1 whose entry point `name` of `group` names
+    its `plugin`; how refusals name the entry point and package."""
+    module = f"fewshot_{name}"
+    installed(site, f"fewshot-{name}", {group: {name: f"{module}:plugin"}}, {module: source})
+    return f"(entry point '{name} = {module}:plugin' of package fewshot-{name} 0.1)"
+
+
+HEAD = "import torch\n\ndef plugin(query, support, support_labels, way, shot):\n    {}\n"
+
+
+def test_a_head_of_the_wrong_class_count_is_refused_before_any_image(site, capsys, tmp_path):
+    # It trained to 0 % and saved checkpoints: the extra class is predicted, never right.
+    source = HEAD.format("return torch.zeros(*query.shape[:2], way + 1)")
+    package = one_plugin(site, "fewshot.heads", "wide", source)
+    line = refusal(capsys, tmp_path, "--head", "wide")
+    assert line.startswith(f"fewshot train: error: --head plug-in head 'wide' {package} returned")
+    assert (
+        "returned a torch.float32 tensor of shape (1, 1, 3) for 1 episode(s) of 1 queries" in line
+    )
+    assert "and 2 classes: a head returns float logits [B, nq, way] = [1, 1, 2]" in line
+
+
+def test_a_head_of_the_wrong_shape_is_refused_on_the_first_batch(
+    site, capsys, tmp_path, tiny_omniglot_root
+):
+    # Right on the settings' one-query episode, wrong on more: a traceback in the loss.
+    source = HEAD.format("return -torch.cdist(query[:, :1], support)[..., :way]")
+    package = one_plugin(site, "fewshot.heads", "first", source)
+    line = train_refusal(capsys, tmp_path, tiny_omniglot_root, "--head", "first")
+    assert f"error: plug-in head 'first' {package} returned a torch.float32 tensor of shape" in line
+    assert "(1, 1, 5) for 1 episode(s) of 10 queries and 5 classes" in line
+    assert line.endswith("[B, nq, way] = [1, 10, 5]")
+
+
+BACKBONE = """
+from torch import nn
+
+class plugin(nn.Module):
+    def __init__(self, in_channels, image_size):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, 8, 3, padding=1)
+        self.out_dim = {}
+
+    def forward(self, images):
+        return self.conv(images).{}
+"""
+
+
+@pytest.mark.parametrize(
+    ("out_dim", "features", "returned"),
+    [
+        (1, "mean((1, 2, 3))", "shape (2,) for 2 images; a backbone returns float features"),
+        (16, "amax((2, 3))", "shape (2, 8) for 2 images; a backbone returns float features"),
+    ],
+    ids=["a number per image", "another out_dim"],
+)
+def test_a_backbone_whose_features_are_not_out_dim_vectors_is_refused(
+    site, capsys, tmp_path, tiny_omniglot_root, out_dim, features, returned
+):
+    package = one_plugin(site, "fewshot.backbones", "odd", BACKBONE.format(out_dim, features))
+    line = train_refusal(capsys, tmp_path, tiny_omniglot_root, "--backbone", "odd")
+    assert f"error: plug-in backbone 'odd' {package} returned a torch.float32 tensor of " in line
+    assert returned in line
+    assert line.endswith(f"[N, out_dim] = [2, {out_dim}] (its out_dim is {out_dim})")
+
+
+def test_a_method_builder_that_returns_none_is_refused(site, capsys, tmp_path):
+    package = one_plugin(site, "fewshot.methods", "nothing", "def plugin(settings):\n    pass\n")
+    line = refusal(capsys, tmp_path, "--method", "nothing")
+    assert line.endswith(
+        f"plug-in method 'nothing' {package} built None: its builder must return a "
+        "fewshot.methods.Method"
+    )
+
+
+STEP = """
+from fewshot.methods import EmbeddingMethod
+from fewshot.methods.embedding import settings_backbone
+
+class Step(EmbeddingMethod):
+    def forward(self, images, resplits, shot):
+        loss, accuracies = super().forward(images, resplits, shot)
+        return {}
+
+def plugin(settings):
+    return Step(settings_backbone(settings), settings["head"])
+"""
+
+
+@pytest.mark.parametrize(
+    ("returns", "returned"),
+    [
+        ("loss", "returned (a torch.float32 tensor of shape ())"),
+        ("loss.detach(), accuracies", "(1,) (a loss without a gradient))"),
+    ],
+)
+def test_a_methods_training_step_is_checked(
+    site, capsys, tmp_path, tiny_omniglot_root, returns, returned
+):
+    package = one_plugin(site, "fewshot.methods", "step", STEP.format(returns))
+    line = train_refusal(capsys, tmp_path, tiny_omniglot_root, "--method", "step")
+    assert f"error: plug-in method 'step' {package} returned (" in line and returned in line
+    assert line.endswith("a float scalar loss with its gradient and float accuracies [problems]")
+
+
+def test_a_package_that_exits_at_import_is_named(site, capsys, tmp_path):
+    package = one_plugin(site, "fewshot.methods", "quits", "import sys\nsys.exit(3)\n")
+    line = refusal(capsys, tmp_path, "--method", "quits")
+    assert line.endswith(
+        f"--method quits: plug-in method 'quits' {package} exited when imported (sys.exit(3))"
+    )
+
+
+def test_relation_says_a_backbone_of_vectors_returns_vectors(site, capsys, tmp_path):
+    installed(
+        site,
+        "fewshot-mine",
+        {"fewshot.backbones": {"tiny": "fewshot_mine:Tiny"}},
+        {"fewshot_mine": fenced("python")[0]},
+    )
+    line = refusal(capsys, tmp_path, "--method", "relation", "--backbone", "tiny")
+    assert "--backbone tiny returns vectors [N, 32], and --method relation compares feature" in line
+    assert "--backbone-options" not in line
+
+
+def test_a_checkpoint_names_the_plugins_it_needs(site, capsys, tmp_path, tiny_omniglot_root):
+    kept = [dict(registry) for registry in REGISTRIES]
+    installed(
+        site,
+        "fewshot-mine",
+        {
+            "fewshot.methods": {"mine": "fewshot_mine:MINE"},
+            "fewshot.heads": {"manhattan": "fewshot_mine:manhattan"},
+            "fewshot.backbones": {"tiny": "fewshot_mine:Tiny"},
+        },
+        {"fewshot_mine": fenced("python")[0]},
+    )
+    run, data = tmp_path / "run", ["--data-root", str(tiny_omniglot_root)]
+    flags = ["--method", "mine", "--head", "manhattan", "--backbone", "tiny", *TINY_RUN, *data]
+    assert main(["train", *flags, "--out", str(run)]) == 0
+    capsys.readouterr()
+    checkpoint = torch.load(run / "last.pt", weights_only=True)
+    assert checkpoint["plugins"] == [
+        {"group": group, "name": name, "package": "fewshot-mine", "version": "0.1"}
+        for group, name in [
+            ("fewshot.methods", "mine"),
+            ("fewshot.heads", "manhattan"),
+            ("fewshot.backbones", "tiny"),
+        ]
+    ]
+    # Written before checkpoints recorded their plug-ins: loaded as before.
+    old = tmp_path / "old.pt"
+    torch.save({k: v for k, v in checkpoint.items() if k != "plugins"}, old)
+    model, _ = load_trained(old, torch.device("cpu"))
+    assert type(model).__name__ == "UnitEmbedding"
+    # The package uninstalled: resume, eval and predict name it.
+    shutil.rmtree(site)
+    site.mkdir()
+    importlib.invalidate_caches()
+    forget(site, kept)
+    missing = "was trained with the method 'mine' of package fewshot-mine 0.1, which is not "
+    missing += "installed here: install it"
+    last, best = run / "last.pt", run / "best.pt"
+    resume = ["train", "--resume", str(last), "--epochs", "2", "--device", "cpu"]
+    assert error_line(capsys, resume).endswith(f"--resume {last} {missing}")
+    evaluate = ["eval", "--checkpoint", str(best), "--episodes", "2", *data, "--device", "cpu"]
+    assert error_line(capsys, evaluate).endswith(f"{best} {missing}")
+    support = tmp_path / "support"
+    for name in ("a", "b"):
+        (support / name).mkdir(parents=True)
+        Image.new("L", (28, 28)).save(support / name / "0.png")
+    predict = ["predict", "--checkpoint", str(best), "--support", str(support)]
+    predict += ["--query", str(support / "a" / "0.png"), "--device", "cpu"]
+    assert error_line(capsys, predict).endswith(f"{best} {missing}")
+    # Another package's plug-in of the name stands in its place: named, with the one to install.
+    installed(
+        site,
+        "fewshot-other",
+        {"fewshot.methods": {"mine": "fewshot_other:MINE"}},
+        {"fewshot_other": fenced("python")[0]},
+    )
+    importlib.invalidate_caches()
+    forget(site, kept)  # a fresh process: the group read again
+    line = error_line(capsys, evaluate)
+    assert line.endswith(
+        f"{best} was trained with the method 'mine' of package fewshot-mine 0.1; here 'mine' is "
+        "the plug-in of package fewshot-other 0.1: install fewshot-mine in its place"
+    )
+
+
+def test_a_run_of_builtins_needs_no_plugin():
+    settings = {"method": "embedding", "head": "svm", "backbone": "conv4", "dataset": "omniglot"}
+    assert plugins_needed({**settings, "extra_data": ["mnist"]}) == []
+    check_installed([], "x.pt")
+    with pytest.raises(FewshotError, match=r"x\.pt has a damaged record of its plug-ins: 'mine'"):
+        check_installed(["mine"], "x.pt")

@@ -1,13 +1,18 @@
 """Embedding networks: plain nn.Modules with an `out_dim` attribute.
 
 Another package's backbone joins by an entry point of the group `fewshot.backbones` naming its
-nn.Module class, constructed as cls(in_channels=C, image_size=S, **backbone_options).
+nn.Module class, constructed as cls(in_channels=C, image_size=S, **backbone_options); its
+features are checked on its first batch.
 """
 
 from __future__ import annotations
 
+import math
+
+import torch
 from torch import nn
 
+from fewshot.backbones.arguments import describe_tensor
 from fewshot.backbones.conv4 import Conv4
 from fewshot.backbones.library import LibraryBackbone, library_name
 from fewshot.backbones.resnet12 import ResNet12
@@ -70,10 +75,46 @@ def build_backbone(name: str, in_channels: int, image_size: int, **options) -> n
     if not (isinstance(getattr(built, "out_dim", None), int) and built.out_dim > 0):
         # A plug-in's: the methods and the memory estimates read the embedding's size.
         raise FewshotError(f"backbone {name!r} has no out_dim attribute (a positive integer)")
+    shape = getattr(built, "feature_map", None)
+    if shape is not None and not (
+        isinstance(shape, tuple)
+        and len(shape) == 3
+        and all(isinstance(v, int) and v > 0 for v in shape)
+        and math.prod(shape) == built.out_dim
+    ):  # a plug-in's: Relation Networks read its features as maps of this shape
+        raise FewshotError(
+            f"{_NAMES.label(name)} has feature_map {shape!r}, not the (channels, height, width) "
+            f"of its {built.out_dim} features (out_dim)"
+        )
     # The geometry it was built for, which the memory estimates read (a plug-in need not
     # keep it itself).
     built.in_channels, built.image_size = in_channels, image_size
+    if _NAMES.plugin(name) is not None:
+        _check_first_features(built, name)
     return built
+
+
+def _check_first_features(backbone: nn.Module, name: str) -> None:
+    """Check plug-in backbone `name`'s features on its first batch (wherever it runs first:
+    the memory estimate's blank images, a training step, an evaluation): float [N, out_dim]
+    for N images, else refused in one line naming it, what it returned and its out_dim,
+    before a method reads them (a vector per image of another length, or a number)."""
+
+    def check(module: nn.Module, args: tuple, features: object) -> None:
+        want = (len(args[0]), module.out_dim)
+        if not (
+            isinstance(features, torch.Tensor)
+            and features.is_floating_point()
+            and features.shape == want
+        ):
+            raise FewshotError(
+                f"{_NAMES.label(name)} returned {describe_tensor(features)} for {want[0]} "
+                f"images; a backbone returns float features [N, out_dim] = {list(want)} (its "
+                f"out_dim is {module.out_dim})"
+            )
+        handle.remove()  # checked: no cost on the batches after
+
+    handle = backbone.register_forward_hook(check)
 
 
 __all__ = [

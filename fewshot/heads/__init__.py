@@ -7,16 +7,19 @@ episodes), each class at least once in any counts, which may differ between the 
 batch (ns is their common sum); the heads then use each class's own count.
 
 Another package's head joins by an entry point of the group `fewshot.heads` naming such a
-function (`--head NAME`); once registered it is a test-time classifier too (CLASSIFIERS).
+function (`--head NAME`); once registered it is a test-time classifier too (CLASSIFIERS), its
+logits checked at every call.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 
 import torch
 
+from fewshot.backbones.arguments import describe_tensor
 from fewshot.heads.classifiers import centroid, cosine, finetune, logistic
 from fewshot.heads.protonet import protonet
 from fewshot.heads.ridge import ridge
@@ -96,7 +99,35 @@ def _adopt_head(name: str, plugin: object) -> None:
         "options with defaults",
         *episode,
     )
-    HEADS[name] = CLASSIFIERS[name] = plugin
+    HEADS[name] = CLASSIFIERS[name] = _checked(name, plugin)
+
+
+def _checked(name: str, head: Head) -> Head:
+    """Plug-in head `name` with its logits checked at every call (their shape and dtype: no
+    synchronisation), so that the first episode it classifies, where the settings run it
+    (`check_head`) or in training, refuses logits of another shape or class count in one
+    line naming it and what it returned, before a wrong loss or accuracy is computed."""
+
+    @functools.wraps(head)  # its signature, which the options are checked against
+    def checked(
+        query: torch.Tensor,
+        support: torch.Tensor,
+        support_labels: torch.Tensor,
+        way: int,
+        shot: int | None,
+        **options: object,
+    ) -> torch.Tensor:
+        logits = head(query, support, support_labels, way, shot, **options)
+        want = (*query.shape[:2], way)
+        if isinstance(logits, torch.Tensor) and logits.is_floating_point() and logits.shape == want:
+            return logits
+        raise FewshotError(
+            f"{_NAMES.label(name)} returned {describe_tensor(logits)} for {want[0]} episode(s) "
+            f"of {want[1]} queries and {way} classes: a head returns float logits "
+            f"[B, nq, way] = {list(want)}"
+        )
+
+    return checked
 
 
 # A plug-in head is also a classifier: it may take no classifier's name either.

@@ -3,7 +3,8 @@
 A method is registered under a name with a builder `(settings, **method_options) -> Method`,
 where `settings` is a run's settings as a dict (with the data's `in_channels` and `image_size`).
 Another package's method joins by an entry point of the group `fewshot.methods` naming its
-builder, or a `MethodPlugin` (its builder with the training defaults it starts from).
+builder, or a `MethodPlugin` (its builder with the training defaults it starts from); what the
+builder returns is checked, and the trainer checks each training step's output (`check_step`).
 """
 
 from __future__ import annotations
@@ -83,12 +84,18 @@ def method_names() -> RegistryNames:
 
 def build_method(settings: dict) -> Method:
     """The method a run's settings describe (keys method, method_options and the method's own);
-    a plug-in method or head named there is registered first."""
+    a plug-in method or head named there is registered first, and a plug-in builder's result
+    that is not a Method is refused in one line naming it."""
     for names, key in ((_NAMES, "method"), (head_names(), "head")):
         if key in settings and settings[key] not in names:
             raise FewshotError(f"unknown {key} {settings[key]!r}; choose one of {', '.join(names)}")
-    builder = METHODS[settings["method"]]
-    return builder(settings, **settings["method_options"])
+    method = METHODS[settings["method"]](settings, **settings["method_options"])
+    if not isinstance(method, Method):  # a plug-in's builder: the trainer reads the interface
+        raise FewshotError(
+            f"{_NAMES.label(settings['method'])} built {described(method)}: its builder must "
+            "return a fewshot.methods.Method"
+        )
+    return method
 
 
 register_method("embedding", build_embedding_method)

@@ -63,6 +63,32 @@ def check_episodes(owner: str, images: Any, shot: Any, backbone: nn.Module) -> N
         )
 
 
+def check_step(output: Any, owner: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """A training step's (loss, accuracies) as `Method.forward` returns them, a float scalar
+    loss with its gradient and float accuracies [problems], checked by their metadata alone
+    (no synchronisation); anything else is refused in one line naming `owner` (a plug-in
+    method with its package) and what it returned."""
+    loss, accuracies = output if isinstance(output, tuple) and len(output) == 2 else (output, None)
+    if (
+        isinstance(loss, torch.Tensor)
+        and loss.is_floating_point()
+        and loss.dim() == 0
+        and loss.requires_grad
+        and isinstance(accuracies, torch.Tensor)
+        and accuracies.is_floating_point()
+        and accuracies.dim() == 1
+    ):
+        return loss, accuracies
+    parts = output if isinstance(output, tuple) else (output,)
+    got = ", ".join(describe_tensor(part) for part in parts)
+    if isinstance(loss, torch.Tensor) and not loss.requires_grad:
+        got += " (a loss without a gradient)"
+    raise FewshotError(
+        f"{owner} returned ({got}) from a training step; a method returns (loss, accuracies): "
+        "a float scalar loss with its gradient and float accuracies [problems]"
+    )
+
+
 def describe_scales(
     flag: str, values: dict[str, float], usual: dict[str, tuple[float, float]]
 ) -> tuple[str, list[str]]:

@@ -135,7 +135,14 @@ def build_relation_method(
         options = {"pooled_blocks": 3, **settings["backbone_options"]}
         settings = {**settings, "backbone_options": options}
     backbone = settings_backbone(settings)
-    if getattr(backbone, "feature_map", None) is None:
+    if not hasattr(backbone, "feature_map"):  # a plug-in's or a library's pooled features
+        raise SettingError(
+            "backbone",
+            f"{settings['backbone']} returns vectors [N, {backbone.out_dim}], and --method "
+            "relation compares feature maps: use conv4 or resnet12, or a backbone with a "
+            "feature_map attribute, the (channels, height, width) its flat features come from",
+        )
+    if backbone.feature_map is None:  # its options pooled the map away
         raise SettingError(
             "backbone_options",
             "must keep a feature map for --method relation (Conv-4 with max-pooling, ResNet-12 "

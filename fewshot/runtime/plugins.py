@@ -5,8 +5,10 @@ fewshot.backbones or fewshot.datasets (the registries' modules say what an entry
 must name). A registry reads its group once, the first time it is asked for a name it does not
 hold, loads only the entry point of that name and registers what it names after checking its
 kind. A plug-in never replaces a built-in: one that takes a built-in's
-name, two that take one name, one that fails to import or names the wrong kind of object are
-refused in one line naming the entry point and its package.
+name, two that take one name, one that fails to import (or exits there) or names the wrong kind
+of object are refused in one line naming the entry point and its package. A checkpoint records
+the plug-ins its run named (`RegistryNames.provenance`), and one trained with a plug-in that is
+not installed is refused naming its package (`check_installed`).
 """
 
 from __future__ import annotations
@@ -17,17 +19,45 @@ from importlib.metadata import EntryPoint, entry_points
 
 from fewshot.runtime.errors import FewshotError, summary
 
+# Every registry of plug-ins by its entry-point group, which a checkpoint's record names.
+REGISTRIES: dict[str, RegistryNames] = {}
+# What a checkpoint records of each plug-in it needs.
+RECORD_KEYS = ("group", "name", "package", "version")
+
+
+def package_text(name: str | None, version: str | None) -> str:
+    """A package as messages name it: 'package NAME VERSION' (None: an unknown one)."""
+    return f"package {name} {version}" if name is not None else "an unknown package"
+
+
+def distribution(point: EntryPoint) -> tuple[str | None, str | None]:
+    """The name and version of the package that declares an entry point (None: unknown)."""
+    dist = point.dist
+    return (dist.name, dist.version) if dist is not None else (None, None)
+
+
+def package_of(point: EntryPoint) -> str:
+    """The package of an entry point as messages name it (`package_text`)."""
+    return package_text(*distribution(point))
+
 
 def origin(point: EntryPoint) -> str:
     """An entry point as messages name it: its line of pyproject.toml and its package."""
-    dist = point.dist
-    package = f"package {dist.name} {dist.version}" if dist is not None else "an unknown package"
-    return f"entry point '{point.name} = {point.value}' of {package}"
+    return f"entry point '{point.name} = {point.value}' of {package_of(point)}"
+
+
+def import_failure(error: BaseException) -> str:
+    """Why a plug-in's import failed, for its refusal: the exception, or the exit it asked for."""
+    if isinstance(error, SystemExit):
+        return f"exited when imported (sys.exit({error.code!r}))"
+    return f"failed to import: {type(error).__name__}: {summary(error)}"
 
 
 def described(plugin: object) -> str:
-    """What an entry point named, as a refusal says: a callable's name and signature, else
-    the object's type."""
+    """What an entry point named (or a plug-in returned), as a refusal says: a callable's name
+    and signature, else the object's type (or None)."""
+    if plugin is None:
+        return "None"
     try:
         return f"{plugin.__qualname__}{inspect.signature(plugin)}"
     except (AttributeError, TypeError, ValueError):  # no name or no signature
@@ -65,6 +95,8 @@ class RegistryNames:
         self.group, self.kind, self.held, self.adopt = group, kind, held, adopt
         self.extra, self.taken = tuple(extra), taken
         self._points: dict[str, EntryPoint] | None = None
+        self._loaded: dict[str, EntryPoint] = {}  # the plug-ins registered, by name
+        REGISTRIES[group] = self
 
     def __iter__(self) -> Iterator[str]:
         declared = [name for name in self._points or {} if name not in self.held]
@@ -81,18 +113,40 @@ class RegistryNames:
         point = self._plugins().get(name)
         if point is None:
             return False
+        label = self._plugin_label(point)
         try:
             plugin = point.load()
-        except Exception as e:  # a plug-in's import runs its package's code: anything
-            raise FewshotError(
-                f"plug-in {self.kind} {name!r} ({origin(point)}) failed to import: "
-                f"{type(e).__name__}: {summary(e)}"
-            ) from None
+        # A plug-in's import runs its package's code: anything, sys.exit too (a silent exit).
+        except (Exception, SystemExit) as e:
+            raise FewshotError(f"{label} {import_failure(e)}") from None
         try:
             self.adopt(name, plugin)
         except TypeError as e:
-            raise FewshotError(f"plug-in {self.kind} {name!r} ({origin(point)}) {e}") from None
+            raise FewshotError(f"{label} {e}") from None
+        self._loaded[name] = point
         return True
+
+    def plugin(self, name: str) -> EntryPoint | None:
+        """The entry point whose plug-in was registered as `name` (None: not a plug-in's)."""
+        return self._loaded.get(name)
+
+    def label(self, name: str) -> str:
+        """How refusals name `name`: a plug-in with its entry point and package."""
+        point = self._loaded.get(name)
+        return f"{self.kind} {name!r}" if point is None else self._plugin_label(point)
+
+    def _plugin_label(self, point: EntryPoint) -> str:
+        """How refusals name the plug-in of an entry point: its kind, name, line and package."""
+        return f"plug-in {self.kind} {point.name!r} ({origin(point)})"
+
+    def provenance(self, name: str | None) -> dict[str, str | None] | None:
+        """What a checkpoint records of the plug-in registered as `name` (RECORD_KEYS: its
+        group, name, package and version); None when `name` is not a plug-in's."""
+        point = self._loaded.get(name)
+        if point is None:
+            return None
+        package, version = distribution(point)
+        return {"group": self.group, "name": name, "package": package, "version": version}
 
     def _plugins(self) -> dict[str, EntryPoint]:
         """The group's entry points by name, read and checked once: none may take a name the
@@ -102,9 +156,8 @@ class RegistryNames:
             for point in entry_points(group=self.group):
                 if any(point.name in names for names in (self.held, self.extra, self.taken)):
                     raise FewshotError(
-                        f"plug-in {self.kind} {point.name!r} ({origin(point)}) takes a built-in "
-                        f"{self.kind}'s name, which no plug-in replaces: rename it, or uninstall "
-                        "its package"
+                        f"{self._plugin_label(point)} takes a built-in {self.kind}'s name, which "
+                        "no plug-in replaces: rename it, or uninstall its package"
                     )
                 if point.name in points:
                     raise FewshotError(
@@ -114,3 +167,33 @@ class RegistryNames:
                 points[point.name] = point
             self._points = points
         return self._points
+
+
+def check_installed(record: object, where: str) -> None:
+    """Refuse a checkpoint (`where` names it) trained with a plug-in that is not installed
+    here, or that another package's plug-in of its name stands for, naming the package to
+    install; its record of plug-ins (a list of `provenance`'s) is checked first. A checkpoint
+    written before they were recorded (no record) is left to the settings' own checks."""
+    if record is None:
+        return
+    entries = record if isinstance(record, list) else [record]
+    for entry in entries:
+        if not (
+            isinstance(entry, dict)
+            and set(entry) == set(RECORD_KEYS)
+            and entry["group"] in REGISTRIES
+            and isinstance(entry["name"], str)
+            and all(entry[k] is None or isinstance(entry[k], str) for k in ("package", "version"))
+        ):
+            raise FewshotError(f"{where} has a damaged record of its plug-ins: {entry!r:.200}")
+        names, name = REGISTRIES[entry["group"]], entry["name"]
+        package = package_text(entry["package"], entry["version"])
+        trained = f"{where} was trained with the {names.kind} {name!r} of {package}"
+        if name not in names:  # loads and registers it where it is installed
+            raise FewshotError(f"{trained}, which is not installed here: install it")
+        here = names.provenance(name)
+        if here is not None and here["package"] != entry["package"]:
+            raise FewshotError(
+                f"{trained}; here {name!r} is the plug-in of {package_of(names.plugin(name))}: "
+                f"install {entry['package'] or 'its package'} in its place"
+            )

@@ -16,11 +16,13 @@ from pathlib import Path
 
 import torch
 
-from fewshot.backbones import build_backbone, library_name
-from fewshot.datasets import LIGHT_ON_DARK, NORMALIZATION
+from fewshot.backbones import backbone_names, build_backbone, library_name
+from fewshot.datasets import LIGHT_ON_DARK, NORMALIZATION, dataset_names
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import EpisodeSampler, ImageBatchSampler
-from fewshot.methods import Method, build_method
+from fewshot.datasets.sources import Source
+from fewshot.heads import head_names
+from fewshot.methods import Method, build_method, method_names
 from fewshot.methods.pretraining import build_pretrain_method
 from fewshot.runtime.errors import FewshotError, summary
 from fewshot.runtime.io import load_checkpoint
@@ -49,9 +51,11 @@ def training_checkpoint(
     rngs: list[dict],
 ) -> dict:
     """Everything needed to evaluate the method or continue the run exactly; `rngs` holds
-    every rank's random streams (one entry in a single process)."""
+    every rank's random streams (one entry in a single process); the plug-ins its settings
+    name, which must be installed wherever it is loaded (`plugins_needed`)."""
     return {
         "config": config,
+        "plugins": plugins_needed(config),
         "model": method.state_dict(),
         "optimizer": optimizer.state_dict(),
         "scaler": scaler.state_dict(),
@@ -60,6 +64,22 @@ def training_checkpoint(
         "rng": rngs[0],
         "rank_rngs": rngs,
     }
+
+
+def plugins_needed(config: dict) -> list[dict[str, str | None]]:
+    """What a checkpoint records of the plug-ins its run's settings name (its method, head,
+    backbone, data set and --extra-data sets): each one's entry-point group, name, package and
+    version (`RegistryNames.provenance`), checked where it is loaded
+    (fewshot.runtime.plugins.check_installed)."""
+    named = [
+        (method_names(), config.get("method")),
+        (head_names(), config.get("head")),
+        (backbone_names(), config.get("backbone")),
+        (dataset_names(), config.get("dataset")),
+        *((dataset_names(), Source.parse(spec).dataset) for spec in config.get("extra_data", [])),
+    ]
+    records = (names.provenance(name) for names, name in named)
+    return [record for record in records if record is not None]
 
 
 def restore_training(

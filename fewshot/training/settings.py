@@ -32,6 +32,7 @@ from fewshot.methods.maml_family import VARIANTS
 from fewshot.methods.pretraining import PRETRAIN_CLASSIFIERS, build_pretrain_method
 from fewshot.methods.resplit import distinct_resplits
 from fewshot.runtime.errors import FewshotError
+from fewshot.runtime.plugins import check_installed
 from fewshot.runtime.settings import (
     SettingError,
     build,
@@ -330,13 +331,17 @@ def checkpoint_settings(
     """The settings saved in a checkpoint, checked; settings added since it was written take
     their defaults (which reproduce how such runs behaved), renamed ones their new name, and
     those its method never read their neutral value (older runs accepted any). `expect`
-    ('train' or 'pretrain') refuses a checkpoint of the other stage, naming `flag`."""
+    ('train' or 'pretrain') refuses a checkpoint of the other stage, naming `flag`; so is one
+    whose recorded plug-ins are not installed (`check_installed`)."""
     stage = checkpoint_stage(ckpt, path)
     if expect and stage != expect:
         raise FewshotError(
             f"{flag + ' ' if flag else ''}{path} is a {STAGE_WORDS[stage]} checkpoint; "
             f"a {STAGE_WORDS[expect]} one is needed"
         )
+    # Its plug-ins named with their packages where one is missing, before the settings
+    # refuse their unknown names.
+    check_installed(ckpt.get("plugins"), f"{flag + ' ' if flag else ''}{path}")
     config = ckpt["config"]
     unused = UNUSED_SETTINGS.get(config.get("method", TrainSettings.method), ())
     values = {

@@ -10,7 +10,7 @@ from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.sampler import ImageBatchSampler
 from fewshot.datasets.sources import training_sampler
 from fewshot.datasets.varied import VariedShape, episode_shots
-from fewshot.methods import Method, build_method
+from fewshot.methods import Method, build_method, method_names
 from fewshot.methods.pretraining import build_pretrain_method
 from fewshot.methods.resplit import draw_resplits, draw_varied_resplits
 from fewshot.runtime.distributed import Distributed
@@ -31,6 +31,8 @@ class EpisodeBatches:
         self.settings = settings
         self.sampler = training_sampler(data, settings.train_shape, seed)
         self.steps_per_epoch = settings.episodes_per_epoch // settings.episodes_per_batch
+        # How refusals of its training steps name the method (a plug-in's with its package).
+        self.owner = method_names().label(settings.method)
 
     def config(self, data: ImageSplit) -> dict:
         """What the checkpoint's config records besides the settings."""
@@ -83,6 +85,7 @@ class ImageBatches:
         self.settings, self.labels = settings, data.labels
         self.sampler = ImageBatchSampler(len(data.labels), settings.batch_size, seed, data.source)
         self.steps_per_epoch = self.sampler.batches_per_pass
+        self.owner = "the pretraining model"
 
     def config(self, data: ImageSplit) -> dict:
         """The classifier's classes and the stage, recorded in the checkpoint's config."""

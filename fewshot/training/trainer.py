@@ -24,6 +24,7 @@ from fewshot.datasets.batches import episode_images
 from fewshot.datasets.varied import check_episode_shape
 from fewshot.evaluation.episodes import cache_pays, evaluate, evaluation_terms
 from fewshot.evaluation.metrics import metrics_row
+from fewshot.methods.base import check_step
 from fewshot.methods.batching import resolve_batching
 from fewshot.methods.feature_cache import FOLDER as FEATURES
 from fewshot.runtime.distributed import Distributed, any_rank, broadcast_from_main, gather_objects
@@ -209,10 +210,12 @@ class Trainer:
                         self.augment,
                         self.settings.channels_last,
                     )
-                    loss, acc = self.forward(images, *arguments)
+                    output = self.forward(images, *arguments)
                 else:  # a varied episode's padding (-1) takes the first image's, never read
                     features = self.train_features[index.cpu().clamp(min=0)].to(self.device)
-                    loss, acc = self.method.embedded_loss(features, *arguments)
+                    output = self.method.embedded_loss(features, *arguments)
+                # A plug-in method's output, refused before it reaches the optimizer.
+                loss, acc = check_step(output, self.batches.owner)
                 losses.append(loss)
                 accuracies.append(acc)
         loss, acc = torch.stack(losses).mean(), torch.cat(accuracies)
