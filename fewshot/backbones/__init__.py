@@ -12,12 +12,12 @@ import math
 import torch
 from torch import nn
 
-from fewshot.backbones.arguments import describe_tensor
 from fewshot.backbones.conv4 import Conv4
 from fewshot.backbones.library import LibraryBackbone, library_name
 from fewshot.backbones.resnet12 import ResNet12
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.plugins import RegistryNames, described, require_signature
+from fewshot.runtime.shapes import describe_tensor
 
 BACKBONES: dict[str, type[nn.Module]] = {"conv4": Conv4, "resnet12": ResNet12}
 # Training settings a backbone starts from with a head (under a method's own, config files and

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from fewshot.runtime.shapes import shape_fault
+from fewshot.runtime.shapes import describe_tensor, shape_fault
 
 
 def require_int(owner: str, name: str, value: Any, low: int) -> None:
@@ -36,13 +36,6 @@ def require_images(owner: str, images: Any, channels: int, smallest: int) -> Non
     fault = shape_fault(images.shape, ("N", "C", "H", "W"), {"C": channels}, sides)
     if fault:
         raise ValueError(f"{owner} input {fault}")
-
-
-def describe_tensor(value: Any) -> str:
-    """'a torch.uint8 tensor of shape (2, 3)' (or the type of a non-tensor), for refusals."""
-    if isinstance(value, torch.Tensor):
-        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
-    return f"a {type(value).__name__}"
 
 
 def require_rate(owner: str, name: str, value: Any) -> None:

@@ -11,7 +11,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from fewshot.backbones.arguments import describe_tensor
 from fewshot.datasets.base import ImageSplit
 from fewshot.datasets.batches import episode_images
 from fewshot.datasets.varied import VariedShape, index_shot
@@ -19,7 +18,7 @@ from fewshot.methods.feature_cache import FeatureMemory
 from fewshot.methods.resplit import Shot
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.memory import MemoryTerm
-from fewshot.runtime.shapes import shape_fault
+from fewshot.runtime.shapes import describe_tensor, shape_fault
 from fewshot.runtime.signals import Stop
 
 # index [B, way, pool] of a split's images -> query accuracy of each episode [B]

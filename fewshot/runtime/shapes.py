@@ -8,6 +8,9 @@ says "channel" where it would otherwise leave the user to count the positions of
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
 
 # Dimensions counted in items: (one, several).
 COUNTED = {
@@ -59,3 +62,10 @@ def shape_fault(
                 return f"expects a {MEASURED[dimension]} of at least {low}, got {size} {where}"
             return f"expects at least {_count(dimension, low)}, got {size} {where}"
     return None
+
+
+def describe_tensor(value: Any) -> str:
+    """'a torch.uint8 tensor of shape (2, 3)' (or the type of a non-tensor), for refusals."""
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return f"a {type(value).__name__}"
