@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from cli_errors import error_line
 from PIL import Image
 
 import fewshot
@@ -347,6 +348,79 @@ def test_invert_reads_every_image_as_its_negative(tmp_path, omniglot_test):
     assert torch.equal(got.scores, want.scores)
     read_as_they_are = fewshot.predict(PROTONET, negative / "support", queries, invert=False)
     assert not torch.allclose(read_as_they_are.scores, want.scores, atol=0.1)
+
+
+def polarity_folders(root: Path, omniglot_test, support_negative: bool) -> tuple[Path, Path]:
+    """support/<class>/0.png and query/*.png of five test characters (three queries each), in
+    the library's Omniglot polarity (light ink on dark) but for the support's or the queries'
+    negatives (255 - value)."""
+    for c in (0, 40, 80, 120, 160):
+        for j in range(4):
+            pixels = omniglot_test.images[20 * c + j, 0].numpy()
+            if (j == 0) == support_negative:
+                pixels = 255 - pixels
+            path = root / "support" / f"{c:04d}" / "0.png" if j == 0 else root / "query"
+            path = path if j == 0 else path / f"{c:04d}_{j}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(pixels).save(path)
+    return root / "support", root / "query"
+
+
+@pytest.mark.parametrize("negative", ["query", "support"])
+def test_support_or_queries_alone_of_the_other_polarity_are_refused(
+    negative, tmp_path, omniglot_test, capsys
+):
+    """Queries drawn in the other polarity than the support and the model's data: 15 %, exit 0,
+    no word, before; now the queries are checked as the support is, and a set of the other
+    polarity alone is refused naming it (--invert would turn both)."""
+    support, query = polarity_folders(tmp_path, omniglot_test, negative == "support")
+    argv = ["predict", "--checkpoint", str(PROTONET), "--support", str(support), "--query"]
+    err = error_line(capsys, [*argv, str(query), "--device", "cpu"])
+    where, other = ("--query", "the support") if negative == "query" else (support, "the queries")
+    assert err.startswith(f"fewshot predict: error: {where}: its images are mostly light (mean 0.")
+    assert err.endswith(
+        f", unlike {other}: give support and queries in one polarity (--no-invert reads them as "
+        "they are)"
+    )
+    assert main([*argv, str(query), "--device", "cpu", "--no-invert"]) == 0
+
+
+TRANSDUCTIVE_CASES = {  # (classifier, queries): the refusal, or None: classified
+    ("pt-map", 1): "--classifier pt-map assumes the queries are balanced over the 5 classes (it "
+    "divides them equally among them); 1 query: use centroid or logistic, or give 5 queries or "
+    "more",
+    ("pt-map", 4): "--classifier pt-map assumes the queries are balanced over the 5 classes (it "
+    "divides them equally among them); 4 queries: use centroid, logistic, bd-cspn or tim, or "
+    "give 5 queries or more",
+    ("bd-cspn", 1): "--classifier bd-cspn assumes the queries are spread over the 5 classes as "
+    "the support is (it shifts them by the difference of the two sets' means); 1 query: use "
+    "centroid or logistic, or give 3 queries or more",
+    ("tim", 4): None,
+    ("bd-cspn", 5): None,
+}
+
+
+@pytest.mark.parametrize(("classifier", "queries"), TRANSDUCTIVE_CASES)
+def test_a_transductive_classifier_refuses_too_few_queries_or_says_its_assumption(
+    classifier, queries, tmp_path, omniglot_test, capsys
+):
+    """PT-MAP given one query returned uniform scores (0.2 x 5) and the first class, exit 0;
+    now too few queries are refused in one line naming the assumption and the classifiers
+    that can, and a transductive result says what it assumes."""
+    support, query = write_folders(tmp_path, omniglot_test, [0, 40, 80, 120, 160], 1, 1)
+    files = [str(f) for f in sorted(query.iterdir())[:queries]]
+    argv = ["predict", "--checkpoint", str(PROTONET), "--support", str(support), "--device"]
+    argv += ["cpu", "--classifier", classifier, "--query", *files]
+    refusal = TRANSDUCTIVE_CASES[classifier, queries]
+    if refusal is not None:
+        assert error_line(capsys, argv) == f"fewshot predict: error: {refusal}"
+        return
+    assert main(argv) == 0
+    said = "transductive: each query's scores also depend on the other queries; "
+    assert f"{said}{classifier} assumes the queries are spread " in capsys.readouterr().out
+    result = fewshot.predict(PROTONET, support, files, classifier=classifier, device="cpu")
+    truth = [result.classes[int(Path(f).name[:4]) // 40] for f in files]
+    assert result.predicted == truth
 
 
 @pytest.mark.parametrize("classifier", [None, "logistic", "pt-map"])

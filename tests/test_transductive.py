@@ -4,6 +4,7 @@ PT-MAP on real 20-way episodes; the benchmark's smoke run."""
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -14,7 +15,17 @@ from test_benchmarks import run
 from benchmarks import bench_transductive
 from fewshot.datasets import REPO_DATA
 from fewshot.datasets.batches import images_to_device
-from fewshot.heads import CLASSIFIERS, HEADS, TRANSDUCTIVE, bd_cspn, centroid, pt_map, tim
+from fewshot.heads import (
+    CLASSIFIERS,
+    HEADS,
+    TRANSDUCTIVE,
+    bd_cspn,
+    centroid,
+    pt_map,
+    query_assumption,
+    query_refusal,
+    tim,
+)
 from fewshot.runtime.errors import FewshotError
 from fewshot.training.checkpoint import load_trained
 
@@ -291,6 +302,37 @@ def test_registry():
     assert CLASSIFIERS["tim"] is tim
     assert CLASSIFIERS["pt-map"] is pt_map
     assert not TRANSDUCTIVE & set(HEADS)  # not trainable heads
+
+
+def test_a_single_query_is_what_each_classifier_cannot_read():
+    """Why one query is refused (`query_refusal`): PT-MAP spreads it evenly over the classes,
+    BD-CSPN's shift moves it onto the support's mean (its logits no longer depend on it), TIM's
+    marginal entropy flattens its scores (its first query: 0.97 among the others here)."""
+    query, support, labels = episodes(1, seed=9)
+    one, other = query[:, :1], query[:, 1:2]
+    uniform = torch.full((1, 1, WAY), 1 / WAY, dtype=torch.float64)
+    assert torch.allclose(pt_map(one, support, labels, WAY, SHOT).exp(), uniform)
+    shifted = [bd_cspn(q, support, labels, WAY, SHOT) for q in (one, other)]
+    assert torch.allclose(*shifted)
+    alone = tim(one, support, labels, WAY, SHOT).softmax(-1).max()
+    among = tim(query, support, labels, WAY, SHOT)[0, 0].softmax(-1).max()
+    assert alone < 0.5 < among
+
+
+@pytest.mark.parametrize("way", [2, 3, 5, 10, 20])
+def test_the_fewest_queries_each_classifier_takes(way):
+    """PT-MAP: as many as the classes (its equal shares); BD-CSPN and TIM: two, and half the
+    classes (below it they fall under nearest centroid); an inductive classifier or a
+    model's own head (None): any."""
+    for name in ("centroid", "logistic", None):
+        assert query_refusal(name, 1, way) is None and query_assumption(name, way) is None
+    for name in sorted(TRANSDUCTIVE):
+        fewest = way if name == "pt-map" else max(2, math.ceil(way / 2))
+        assert query_refusal(name, fewest, way) is None
+        refusal = query_refusal(name, fewest - 1, way)
+        assert refusal.startswith(f"{query_assumption(name, way)}; ")
+        assert refusal.endswith(f", or give {fewest} queries or more")
+        assert f"over the {way} classes" in refusal
 
 
 @pytest.mark.parametrize(

@@ -19,14 +19,21 @@ from collections.abc import Callable
 
 import torch
 
-from fewshot.backbones.arguments import describe_tensor
 from fewshot.heads.classifiers import centroid, cosine, finetune, logistic
 from fewshot.heads.protonet import protonet
 from fewshot.heads.ridge import ridge
 from fewshot.heads.svm import svm
-from fewshot.heads.transductive import bd_cspn, pt_map, tim
+from fewshot.heads.transductive import (
+    QUERY_ASSUMPTIONS,
+    bd_cspn,
+    pt_map,
+    query_assumption,
+    query_refusal,
+    tim,
+)
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.plugins import RegistryNames, require_signature
+from fewshot.runtime.shapes import describe_tensor
 
 Head = Callable[..., torch.Tensor]
 
@@ -50,8 +57,8 @@ REGULARISATION: dict[str, dict[str, tuple[float, float]]] = {
     "svm": {"C": (1e-3, 1e2), "dual_ridge": (1e-3, 1e2)},
 }
 # The classifiers that also use each episode's unlabelled queries (a separate protocol: results
-# say so).
-TRANSDUCTIVE: frozenset[str] = frozenset({"bd-cspn", "tim", "pt-map"})
+# say so), each with what it assumes of them.
+TRANSDUCTIVE: frozenset[str] = frozenset(QUERY_ASSUMPTIONS)
 
 
 # The options that count a classifier's iterations: its check runs one.
@@ -163,6 +170,8 @@ __all__ = [
     "logistic",
     "protonet",
     "pt_map",
+    "query_assumption",
+    "query_refusal",
     "ridge",
     "svm",
     "tim",

@@ -369,15 +369,20 @@ def as_trained(config: dict, data: ImageSplit, path: str | Path) -> ImageSplit:
     return replace(data, mean=tuple(config["mean"]), std=tuple(config["std"]))
 
 
-def polarity_mismatch(config: dict, data: ImageSplit, path: str | Path) -> str | None:
-    """Why `data` looks like the negatives of what the model of checkpoint `path` (settings
-    `config`) was trained on, or None: mostly light images for a model trained on light
-    drawings on a dark ground (Omniglot's own PNG files for a model of the library's Omniglot:
-    53 % at 20-way 1-shot with the zoo ProtoNet, 91 % read as negatives)."""
+def polarity_mismatch(
+    config: dict, data: ImageSplit | torch.Tensor, path: str | Path
+) -> str | None:
+    """Why `data` (a split, or images: uint8 in 0..255 or float in [0, 1]) looks like the
+    negatives of what the model of checkpoint `path` (settings `config`) was trained on, or
+    None: mostly light images for a model trained on light drawings on a dark ground
+    (Omniglot's own PNG files for a model of the library's Omniglot: 53 % at 20-way 1-shot
+    with the zoo ProtoNet, 91 % read as negatives)."""
     dataset = config.get("dataset")
-    if dataset not in LIGHT_ON_DARK or not len(data.images):
+    images = data.images if isinstance(data, ImageSplit) else data
+    if dataset not in LIGHT_ON_DARK or not len(images):
         return None
-    light = float(data.images.sum(dtype=torch.int64)) / (255 * data.images.numel())
+    white = 255 if images.dtype == torch.uint8 else 1
+    light = float(images.sum(dtype=torch.float64)) / (white * images.numel())
     if light <= 0.5:
         return None
     return (
