@@ -17,6 +17,7 @@ from fewshot.cli.eval import COMMANDS as EVAL_COMMANDS
 from fewshot.cli.import_metaoptnet import COMMANDS as IMPORT_COMMANDS
 from fewshot.cli.predict import COMMANDS as PREDICT_COMMANDS
 from fewshot.cli.show import COMMANDS as SHOW_COMMANDS
+from fewshot.cli.sweep import COMMANDS as SWEEP_COMMANDS
 from fewshot.cli.train import COMMANDS as TRAIN_COMMANDS
 from fewshot.evaluation.plot import COMMANDS as PLOT_COMMANDS
 from fewshot.hpo.cli import COMMANDS as HPO_COMMANDS
@@ -32,6 +33,7 @@ COMMANDS: list[Command] = [
     *SHOW_COMMANDS,
     *COMPARE_COMMANDS,
     *BENCH_COMMANDS,
+    *SWEEP_COMMANDS,
     *PLOT_COMMANDS,
     *IMPORT_COMMANDS,
     *CONVERT_COMMANDS,
