@@ -79,7 +79,8 @@ stop() {
     pkill -x slurmctld 2>/dev/null || true
     pkill -x munged 2>/dev/null || true
     for _ in $(seq 50); do  # gone before a start that follows looks for them
-        pgrep -x 'slurmctld|slurmd|munged' >/dev/null || break
+        pgrep -x slurmctld >/dev/null || pgrep -x slurmd >/dev/null ||
+            pgrep -x munged >/dev/null || break
         sleep 0.2
     done
     rm -rf "$STATE"
