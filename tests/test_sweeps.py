@@ -25,7 +25,7 @@ from fewshot.benchmark.results import slug
 from fewshot.cli.main import build_parser, main
 from fewshot.runtime.io import load_checkpoint
 from fewshot.runtime.settings import build
-from fewshot.sweeps.executors import command_line
+from fewshot.sweeps.executors import Task, command_line, record_end
 from fewshot.sweeps.jobs import expand
 from fewshot.sweeps.spec import read_spec
 from fewshot.training.settings import TrainSettings, read_config_file
@@ -88,6 +88,34 @@ def sweep(*flags: str) -> int:
         ({"evaluate": {"suite": "nope-v1"}}, None, 'spec.yaml evaluate: "suite" no suite \'nope'),
         ({"overrides": {"val_way": None}}, None, '"val_way" cannot be given on a command line'),
         ({}, "name: [\n", "spec.yaml is not valid YAML"),
+        ({"matrix": {"arm": {"a": {"hed": "ridge"}}}}, None, 'matrix key "hed" is not a setting'),
+        ({"matrix": {"arm": {"a": 3}}}, None, "named variants must each be a mapping"),
+        (
+            {"config": None, "matrix": {"arm": {"a": {"config": CONFIG}, "b": {"head": "ridge"}}}},
+            None,
+            '"config" must be given (or a config key in every named variant)',
+        ),
+        ({"matrix": {"arm": {"a": {"config": "nope.json"}}}}, None, "config file not found"),
+        ({"matrix": [{"seed": [0]}, {"resplits": [1]}]}, None, "must have the first block's keys"),
+        ({"matrix": [{"seed": [0]}, {"seed": [0]}]}, None, "gives the run seed=0 twice"),
+        ({"matrix": {"arm": {"a": {"epochs": 2}}}}, None, "and overrides both set 'epochs'"),
+        (
+            {"evaluate": {"shapes": [{"way": 5, "shot": 1}], "options": {"way": 20}}},
+            None,
+            'evaluate options: "way" is given by the spec itself',
+        ),
+        (
+            {"evaluate": {"shapes": [{"way": 5, "shot": 1}], "options": {"inner_step": 3}}},
+            None,
+            'evaluate options: "inner_step" is not a setting of fewshot eval',
+        ),
+        (
+            {"evaluate": {"shapes": [{"way": 5, "shot": 1}], "options": {"query": 0}}},
+            None,
+            'evaluate options: "query" must be >= 1',
+        ),
+        ({"evaluate": {"suite": "x.yaml", "options": {"query": 3}}}, None, "give shapes too"),
+        ({"evaluate": {"shapes": [{"way": 5, "shot": 1}], "checkpoint": "mid"}}, None, "mid"),
     ],
 )
 def test_a_bad_spec_is_one_line_naming_the_file_and_the_key(capsys, keys, text, message):
@@ -148,6 +176,80 @@ def test_each_jobs_command_line_builds_the_settings_the_spec_gives(capsys):
             TrainSettings, [("c", config), ("s", {**overrides, **given, "out": str(job.folder)})]
         )
         assert settings == want, job.run
+
+
+def test_named_variants_and_blocks_give_each_job_its_settings_and_config(capsys):
+    # A variant sets several settings, or its own config file; a second block adds one cell.
+    Path("other.json").write_text(json.dumps({**read_config_file(CONFIG), "lr": 0.01}))
+    variants = {"proto": {"head": "protonet"}, "ridge": {"head": "ridge", "config": "other.json"}}
+    matrix = [
+        {"arm": variants, "resplits": [1, 5], "seed": [0, 1]},
+        {"arm": {"proto": variants["proto"]}, "resplits": [10], "seed": [0, 1]},
+    ]
+    evaluate = {"shapes": [{"way": 5, "shot": 1}], "checkpoint": "best"}
+    evaluate |= {"options": {"query": 3, "classifier": "centroid"}}
+    write_spec(matrix=matrix, evaluate=evaluate, compare="resplits")
+    assert sweep("--plan") == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("sweep demo in sweep: training jobs: 10 (10 to run)")
+    assert "  train arm=proto,resplits=10,seed=1: to run" in lines
+    assert not any("arm=ridge,resplits=10" in line for line in lines)
+    spec = read_spec(Path("spec.yaml"))
+    flags = ("--query", "3", "--classifier", "centroid")
+    sweep_jobs = expand(spec, Path("sweep"), flags)
+    for job in sweep_jobs.training:
+        args = build_parser().parse_args(shlex.split(command_line(job.argv))[1:])
+        _, settings = args._command.build_settings(args)
+        parts = dict(job.parts)
+        ridge = parts["arm"] == "arm=ridge"
+        config = read_config_file("other.json" if ridge else CONFIG)
+        given = {"head": "ridge" if ridge else "protonet", "seed": int(parts["seed"][5:])}
+        given |= {"resplits": int(parts["resplits"][9:]), "out": str(job.folder)}
+        assert settings == build(TrainSettings, [("c", config), ("s", {**TINY, **given})])
+    evaluation = sweep_jobs.evaluations[0]
+    assert evaluation.argv[:3] == (
+        "eval",
+        "--checkpoint",
+        f"{sweep_jobs.training[0].folder}/best.pt",
+    )
+    assert evaluation.argv[evaluation.argv.index("--query") + 1] == "3"
+
+
+def write_result(run: str, accuracies: list[float], shape: str = "5w1s") -> None:
+    """An eval job's result file, as fewshot eval --per-episode writes its accuracy."""
+    path = Path(f"sweep/evals/{run}/{shape}.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    mean = 100 * sum(accuracies) / len(accuracies)
+    record = {"accuracy": mean, "ci95": 1.0, "episodes": len(accuracies), "accuracies": accuracies}
+    path.write_text(json.dumps(record))
+
+
+def test_evaluations_present_need_no_training_and_every_pair_of_arms_is_compared(capsys):
+    # The recorded evaluations of a study whose run folders are not here: the sweep trains
+    # nothing, and compares U1, U2, U3 pairwise across the seeds.
+    evaluate = {"shapes": [{"way": 5, "shot": 1}], "episodes": 2}
+    write_spec(
+        matrix={"resplits": [1, 2, 3], "seed": [0, 1, 2]}, evaluate=evaluate, compare="resplits"
+    )
+    scores = {u: [0.5 + 0.1 * u + 0.03 * s * s * u for s in range(3)] for u in (1, 2, 3)}
+    for u, values in scores.items():
+        for s, value in enumerate(values):
+            write_result(f"resplits={u},seed={s}", [value, value])
+    assert sweep("--plan") == 0
+    assert "training jobs: 9 (9 evaluated), evaluations: 9 (9 done)" in capsys.readouterr().out
+    assert sweep() == 0
+    assert "running" not in capsys.readouterr().out and not Path("sweep/runs").exists()
+    report = json.loads(Path("sweep/report.json").read_text())
+    pairs = [(c["a"], c["b"]) for c in report["comparisons"]]
+    assert pairs == [
+        ("resplits=1", "resplits=2"), ("resplits=1", "resplits=3"), ("resplits=2", "resplits=3")
+    ]  # fmt: skip
+    for c in report["comparisons"]:
+        a, b = (scores[int(c[arm][-1])] for arm in ("a", "b"))
+        mean, half, p = paired([100 * x for x in a], [100 * x for x in b])
+        assert c["difference"] == pytest.approx(mean)
+        assert c["difference_ci95"] == pytest.approx(half)
+        assert c["p_value"] == pytest.approx(p)
 
 
 def eval_accuracy(run: str, shape: str = "5w1s") -> float:
@@ -264,3 +366,12 @@ def test_a_failed_job_is_named_while_the_others_finish_and_runs_again_on_request
     assert sweep("--rerun-failed") == 0
     assert (failed / "done.json").is_file() and not (failed / "failed.json").exists()
     assert Path("sweep/evals/data_root=missing/5w1s.json").is_file()
+
+
+def test_a_job_lost_before_its_log_was_written_is_recorded_as_failed():
+    # A Slurm job can die (node lost, cancelled while pending) before its task opened a log.
+    task = Task(("train", "--config", CONFIG), Path("lost"))
+    task.folder.mkdir()
+    assert record_end(task, 1, 0.0).status == 1
+    record = json.loads((task.folder / "failed.json").read_text())
+    assert record["status"] == 1 and record["last_lines"] == []

@@ -44,19 +44,27 @@ pytestmark = [
 ]
 
 
-def test_a_sweep_runs_as_a_job_array_and_is_skipped_once_done(capsys):
-    write_spec(matrix={"seed": [0, 1], "resplits": [1, 2]})
+def test_a_sweep_runs_as_job_arrays_is_skipped_once_done_and_reports_as_on_local_workers(
+    capsys,
+):
+    evaluate = {"shapes": [{"way": 5, "shot": 1}], "episodes": 4}
+    write_spec(matrix={"seed": [0, 1], "resplits": [1, 2]}, evaluate=evaluate, compare="resplits")
     assert main(["sweep", "spec.yaml", "--executor", "slurm", "--time-min", "10"]) == 0
     printed = capsys.readouterr().out
-    assert "submitted 4 jobs (array " in printed
+    assert printed.count("submitted 4 jobs (array ") == 2  # the trainings, then the evaluations
     runs = sorted(Path("sweep/runs").iterdir())
     assert len(runs) == 4
     for run in runs:
         assert (run / "done.json").is_file() and (run / "last.pt").is_file()
-    assert len(list(Path("sweep/slurm").glob("*_log.out"))) == 4  # one Slurm log a job
+    assert len(list(Path("sweep/slurm").glob("*_log.out"))) == 8  # one Slurm log a job
     # Entered again (from any machine sharing the folder): nothing is submitted.
     assert main(["sweep", "spec.yaml", "--executor", "slurm"]) == 0
     assert "submitted" not in capsys.readouterr().out
+    # The same sweep on local workers: the same tables, to the last digit.
+    assert main(["sweep", "spec.yaml", "--out", "local", "--workers", "2"]) == 0
+    local = Path("local/report.md").read_text().replace("local", "sweep")
+    assert Path("sweep/report.md").read_text() == local
+    assert "| all | 5w1s | resplits=1 | resplits=2 |" in local
 
 
 def slurm_job(submissions: Path) -> str:

@@ -7,12 +7,16 @@ per-episode results, written atomically and skipped when it holds this very resu
 stopped by Ctrl-C or SIGTERM goes on where it stopped. An embedding method embeds each split
 once for all its cells. The leaderboard ranks every result of the folder with the zoo's stored
 ones (models/bench/SUITE in a checkout) and is written as Markdown, CSV, JSON and a figure.
+
+With --executor (local workers, or a Slurm cluster), each (model, cell) without its result is a
+job of its own: `fewshot bench` of that model on that cell, in OUT/jobs/MODEL/CELL with its log
+and status file as a sweep's jobs have them; the leaderboard is then made of the results there.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 
 from tqdm import tqdm
@@ -35,7 +39,18 @@ from fewshot.methods.feature_cache import FeatureMemory
 from fewshot.runtime.device import device_setting
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import atomic_write_json
-from fewshot.runtime.settings import Command, SettingError, build, check_fields, setting
+from fewshot.runtime.settings import (
+    Command,
+    SettingError,
+    build,
+    check_fields,
+    setting,
+    settings_keys,
+)
+from fewshot.runtime.signals import Interrupted
+from fewshot.sweeps.executors import DONE, FAILED, LOG, Task
+from fewshot.sweeps.settings import ExecutorSettings
+from fewshot.sweeps.spec import setting_flags
 
 # The settings of a model's evaluation that a stored result records, to evaluate it again.
 RERUN_KEYS = ("classifier", "classifier_options", "batch_norm", "inner_steps")
@@ -54,8 +69,8 @@ class BenchListing:
 
 
 @dataclass(frozen=True, kw_only=True)
-class BenchSettings(ModelSettings):
-    """`fewshot bench`: which suite, which models, where the results go."""
+class BenchSettings(ModelSettings, ExecutorSettings):
+    """`fewshot bench`: which suite, which models, where the results go, where the jobs run."""
 
     suite: str | None = setting(
         None,
@@ -91,6 +106,7 @@ class BenchSettings(ModelSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        self.check_executor()
         if self.name is not None and len(self.name) != len(self.models):
             raise SettingError(
                 "name", f"gives {len(self.name)} names for {len(self.models)} models"
@@ -146,8 +162,7 @@ def run_bench(listing: BenchListing, settings: BenchSettings) -> Leaderboard | N
     cells = [suite.cell(name) for name in settings.cells] if settings.cells else list(suite.cells)
     stored = read_results(STORED / suite.id, suite.id, True) if settings.stored else []
     jobs = model_jobs(settings, cells) + rerun_jobs(settings, stored, cells)
-    # A quick look (--limit) keeps its results and leaderboard apart from the full ones.
-    board_folder = out if settings.limit is None else out / f"first-{settings.limit}"
+    board_folder = board_of(out, settings.limit)
     results = board_folder / "results" if settings.limit else out / "results"
     too_few = [c for c in cells if settings.limit and settings.limit > c.episodes]
     if too_few:
@@ -156,10 +171,13 @@ def run_bench(listing: BenchListing, settings: BenchSettings) -> Leaderboard | N
             f"{too_few[0].name}"
         )
     if settings.plan:
-        print(plan_lines(jobs, results, stored))
+        print(plan_lines(jobs, results, stored, settings, out))
         return None
-    manifests = {cell.name: cell_manifest(cell, settings.data_root, out) for cell in cells}
-    failures = run_jobs(jobs, settings, suite, manifests, results)
+    if settings.executor is None:
+        manifests = {cell.name: cell_manifest(cell, settings.data_root, out) for cell in cells}
+        failures = run_jobs(jobs, settings, suite, manifests, results)
+    else:
+        failures = run_on_executor(jobs, settings, cells, out, results)
     failed = (
         f"{len(failures)} of {len(jobs)} evaluations failed: " + "; ".join(failures)
         if failures
@@ -190,6 +208,12 @@ def suites_listing() -> str:
                 f"{cell.query} queries, {cell.episodes} episodes, seed {cell.seed}"
             )
     return "\n".join(lines)
+
+
+def board_of(out: Path, limit: int | None) -> Path:
+    """The folder of the leaderboard and its results: a quick look (--limit) keeps its own
+    apart from the full ones."""
+    return out if limit is None else out / f"first-{limit}"
 
 
 def claim_folder(out: Path, suite: Suite) -> None:
@@ -295,14 +319,27 @@ def stored_flags(result: CellResult) -> dict:
     return flags
 
 
-def plan_lines(jobs: list[Job], results: Path, stored: list[CellResult]) -> str:
-    """The jobs, each with what is there of it."""
+def result_file(results: Path, job: Job) -> Path:
+    """Where the job's result is written."""
+    return results / slug(job.name) / f"{job.cell.name}.json"
+
+
+def plan_lines(
+    jobs: list[Job], results: Path, stored: list[CellResult], settings: BenchSettings, out: Path
+) -> str:
+    """The jobs, each with what is there of it (with --executor: its job's state)."""
     lines = [f"{len(jobs)} evaluations, results in {results}:"]
+    if settings.executor is not None and jobs:
+        folder = board_of(out, settings.limit) / "jobs"
+        lines[0] = f"{len(jobs)} evaluations, results in {results}, jobs in {folder}:"
     for job in jobs:
         # A result there is read back only if it is this very evaluation's, which the run
         # checks; the plan builds no model.
-        there = (results / slug(job.name) / f"{job.cell.name}.json").is_file()
-        lines.append(f"  {job.name} on {job.cell.name}: {'result present' if there else 'to run'}")
+        there = result_file(results, job)
+        state = "result present" if there.is_file() else "to run"
+        if settings.executor is not None:
+            state, _ = job_state(job_task(job, settings, out), there, settings.overwrite)
+        lines.append(f"  {job.name} on {job.cell.name}: {state}")
     if stored:
         models = sorted({r.name for r in stored})
         lines.append(f"ranked with the stored results of {len(models)} models: {', '.join(models)}")
@@ -344,6 +381,66 @@ def run_jobs(
     return failures
 
 
+def job_task(job: Job, settings: BenchSettings, out: Path) -> Task:
+    """The job as a `fewshot bench` command of its own, in OUT/jobs/MODEL/CELL (OUT/first-N/jobs
+    with --limit): the model on the one cell, with the settings its result depends on (a
+    stored model by --rerun-stored, which reads them from its stored record)."""
+    assert settings.suite is not None  # a bench of jobs has its suite
+    values: dict = {"cells": [job.cell.name], "out": str(out), "limit": settings.limit}
+    values.update(data_root=settings.data_root, device=settings.device)
+    values.update(overwrite=settings.overwrite)
+    if job.stored:
+        argv = ["bench", settings.suite]
+        values.update(rerun_stored=[job.name])
+    else:
+        argv = ["bench", settings.suite, job.flags.get("checkpoint") or job.flags["backbone"]]
+        model = settings_keys(ModelSettings)
+        values.update({key: value for key, value in job.flags.items() if key in model})
+        # The job's leaderboard is of no use: the bench ranks with the stored results at its end.
+        values.update(name=[job.name], stored=False)
+    given = {key: value for key, value in values.items() if value != DEFAULTS[key]}
+    folder = board_of(out, settings.limit) / "jobs" / slug(job.name) / job.cell.name
+    return Task((*argv, *setting_flags(BenchSettings, given)), folder)
+
+
+def job_state(task: Task, result: Path, overwrite: bool) -> tuple[str, bool]:
+    """The job's state and whether it runs: done (its result there), result present (written
+    without a job), failed or to run; one whose result is there runs again with --overwrite,
+    which replaces another model's result of its name (its own is read back)."""
+    if result.is_file():
+        state = "done" if (task.folder / DONE).is_file() else "result present"
+        return (f"{state}, to run again (--overwrite)", True) if overwrite else (state, False)
+    return ("failed, to run again" if (task.folder / FAILED).is_file() else "to run"), True
+
+
+def run_on_executor(
+    jobs: list[Job], settings: BenchSettings, cells: list[Cell], out: Path, results: Path
+) -> list[str]:
+    """Run the jobs without their result (a failed one again) as commands of their own by
+    --executor; the failed ones, each named with its log."""
+    tasks = {}
+    for job in jobs:
+        task = job_task(job, settings, out)
+        if job_state(task, result_file(results, job), settings.overwrite)[1]:
+            tasks[task] = job
+    executor = settings.make_executor(board_of(out, settings.limit)) if tasks else None
+    # Drawn here, before any job: jobs of one cell running at once would each draw them.
+    for cell in cells:
+        cell_manifest(cell, settings.data_root, out)
+    if executor is None:
+        return []
+    for task in tasks:  # its status is what this run writes
+        (task.folder / DONE).unlink(missing_ok=True)
+        (task.folder / FAILED).unlink(missing_ok=True)
+    print(f"running {len(tasks)} of {len(jobs)} evaluations as jobs", flush=True)
+    try:
+        outcomes = executor.run(list(tasks))
+    except Interrupted as e:
+        raise Interrupted(e.signum, "its jobs stopped; run it again to go on") from None
+    failed = [outcome.task for outcome in outcomes if outcome.status != 0]
+    return [f"{tasks[t].name} on {tasks[t].cell.name} (log {t.folder / LOG})" for t in failed]
+
+
 def result_fields(job: Job, suite: Suite):
     """What a bench result adds to the evaluation's record: the model's name, the suite and
     cell, and the queries right in each episode."""
@@ -380,6 +477,12 @@ def summary_lines(board: Leaderboard) -> str:
     lines.append(board.across.note)
     return "\n".join(lines)
 
+
+# Each setting's default: a job's command gives only the settings that differ from theirs.
+DEFAULTS = {
+    f.name: f.default_factory() if f.default_factory is not MISSING else f.default
+    for f in fields(BenchSettings)
+}
 
 COMMANDS = [
     Command(

@@ -11,54 +11,39 @@ ends with one line naming the failed jobs and their logs.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from fewshot.benchmark.leaderboard import build_leaderboard, write_leaderboard
 from fewshot.benchmark.results import read_results
 from fewshot.benchmark.suites import Suite, load_suite
+from fewshot.cli.eval import EvalSettings
 from fewshot.runtime.errors import FewshotError
-from fewshot.runtime.settings import Command, SettingError, check_fields, refuse_unused, setting
+from fewshot.runtime.settings import (
+    Command,
+    SettingError,
+    build,
+    check_fields,
+    setting,
+    settings_keys,
+)
 from fewshot.runtime.signals import Interrupted
-from fewshot.sweeps.executors import LOG, Executor, LocalExecutor
+from fewshot.sweeps.executors import LOG, Executor
 from fewshot.sweeps.jobs import FAILED_STATE, TO_RESUME, TO_RUN, Job, Sweep, expand, plan_lines
 from fewshot.sweeps.report import SuiteScores, write_report
-from fewshot.sweeps.slurm import SlurmExecutor, SlurmOptions
-from fewshot.sweeps.spec import Spec, read_spec
-
-# Each executor, made from the settings: what --executor names.
-EXECUTORS: dict[str, Callable[[SweepSettings, Path], Executor]] = {
-    "local": lambda settings, folder: LocalExecutor(settings.workers),
-    "slurm": lambda settings, folder: SlurmExecutor(folder / "slurm", settings.slurm_options),
-}
+from fewshot.sweeps.settings import ExecutorSettings, executor_setting
+from fewshot.sweeps.spec import EVAL_GIVEN, Shape, Spec, read_spec, setting_flags
 
 
-@dataclass(frozen=True)
-class SweepSettings:
+@dataclass(frozen=True, kw_only=True)
+class SweepSettings(ExecutorSettings):
     """`fewshot sweep`: which spec, where its jobs run, what runs again."""
 
     spec: str = setting(help="the sweep's spec: a YAML file", positional=True)
     plan: bool = setting(
         False, help="print every job with its state (done, to resume, to run, failed); run none"
     )
-    executor: str = setting(
-        "local",
-        help="where the jobs run: local (processes of this machine) or slurm (a job array "
-        "through submitit: pip install 'fewshot[slurm]')",
-        choices=tuple(EXECUTORS),
-    )
-    workers: int = setting(
-        1, help="local executor: jobs run at once, the machine's cores divided among them", low=1
-    )
-    partition: str | None = setting(None, help="slurm: the partition (default: the cluster's)")
-    time_min: int = setting(
-        60, help="slurm: each job's time limit in minutes (a job near it is requeued)", low=1
-    )
-    cpus: int = setting(1, help="slurm: CPUs per job", low=1)
-    gpus: int = setting(0, help="slurm: GPUs per job", low=0)
-    mem_gb: float | None = setting(None, help="slurm: memory per job in GB", above=0)
-    parallelism: int = setting(64, help="slurm: the array's jobs running at once", low=1)
+    executor: str = executor_setting("local")
     rerun_failed: bool = setting(
         False, help="run the failed jobs again (a training run resumes from its last.pt)"
     )
@@ -68,33 +53,25 @@ class SweepSettings:
 
     def __post_init__(self) -> None:
         check_fields(self)
-        if self.executor != "slurm":
-            refuse_unused(self, SLURM_FLAGS, f"--executor {self.executor}")
-        elif self.workers != 1:
-            raise SettingError("workers", "applies to --executor local (Slurm runs the array)")
-
-    @property
-    def slurm_options(self) -> SlurmOptions:
-        """What each Slurm job asks for."""
-        return SlurmOptions(**{key: getattr(self, key) for key in SLURM_FLAGS})
-
-
-SLURM_FLAGS = ("partition", "time_min", "cpus", "gpus", "mem_gb", "parallelism")
+        self.check_executor()
 
 
 def run_sweep(settings: SweepSettings) -> Sweep:
     """Check the spec, then print the plan, or run the jobs not done and write the report."""
     spec = read_spec(Path(settings.spec))
     suite = spec_suite(spec, settings.spec)
-    sweep = expand(spec, Path(settings.out) if settings.out else spec.folder)
+    flags = eval_flags(spec, f"spec file {settings.spec}")
+    sweep = expand(spec, Path(settings.out) if settings.out else spec.folder, flags)
     for job in sweep.jobs:
         job.check_owner()
     if settings.plan:
         print(plan_lines(sweep))
         return sweep
-    executor = EXECUTORS[settings.executor](settings, sweep.folder)
+    executor = settings.make_executor(sweep.folder)
     try:
-        run_jobs(executor, sweep.training, settings.rerun_failed)
+        evaluated = sweep.evaluated()  # a run whose evaluations are all done needs no training
+        training = [job for job in sweep.training if job.run not in evaluated]
+        run_jobs(executor, training, settings.rerun_failed)
         trained = sweep.trained()
         evaluations = [job for job in sweep.evaluations if job.run in trained]
         run_jobs(executor, evaluations, settings.rerun_failed)
@@ -114,6 +91,27 @@ def run_sweep(settings: SweepSettings) -> Sweep:
         )
     print(f"report in {report} and {report.with_suffix('.json')}")
     return sweep
+
+
+def eval_flags(spec: Spec, label: str) -> tuple[str, ...]:
+    """The evaluation's options as flags of fewshot eval: settings of it that the spec does not
+    give itself, with values it takes (named before any job runs)."""
+    if spec.evaluate is None or not spec.evaluate.options:
+        return ()
+    evaluate, options = spec.evaluate, spec.evaluate.options
+    label = f"{label} evaluate options"
+    for key in options:
+        if key in EVAL_GIVEN:
+            raise FewshotError(f'{label}: "{key}" is given by the spec itself: leave it out')
+        if key not in settings_keys(EvalSettings):
+            raise FewshotError(f'{label}: "{key}" is not a setting of fewshot eval')
+    shape = evaluate.shapes[0] if evaluate.shapes else Shape(way=5, shot=1)
+    given = {"checkpoint": "last.pt", "way": shape.way, "shot": shape.shot}
+    build(EvalSettings, [(label, {**options, **given})])
+    try:
+        return tuple(setting_flags(EvalSettings, options))
+    except SettingError as e:
+        raise FewshotError(f'{label}: "{e.key}" {e.problem}') from None
 
 
 def spec_suite(spec: Spec, path: str) -> Suite | None:

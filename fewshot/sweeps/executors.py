@@ -1,4 +1,4 @@
-"""Executors: where a sweep's jobs run.
+"""Executors: where the jobs of a sweep, or of a bench with --executor, run.
 
 An executor takes tasks (each a `fewshot` command line and its folder) and runs them, a failed
 one never stopping the others. Wherever a task runs, its output goes to FOLDER/log.txt and its
@@ -95,7 +95,10 @@ def record_end(task: Task, status: int, seconds: float) -> Outcome:
 
 
 def log_tail(path: Path) -> list[str]:
-    """The last lines of a log, each as a terminal shows it (a progress bar's last state)."""
+    """The last lines of a log, each as a terminal shows it (a progress bar's last state); none
+    where the task died before it wrote one (a Slurm job lost before it started)."""
+    if not path.is_file():
+        return []
     with open(path, "rb") as log:
         log.seek(max(0, log.seek(0, os.SEEK_END) - TAIL_BYTES))
         text = log.read().decode("utf-8", errors="replace")

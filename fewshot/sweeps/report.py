@@ -1,6 +1,7 @@
 """A sweep's report: what failed or was not run, each run's accuracy on each evaluated shape,
 the suite's leaderboard, and the arms of the compared key paired training seed by training seed
-(`fewshot compare-seeds`' statistics), written as OUT/report.md and OUT/report.json."""
+(`fewshot compare-seeds`' statistics), written as OUT/report.md and OUT/report.json. Each
+value of the compared key is paired with each later one: B − A for every pair (A before B)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import atomic_write_json, atomic_write_text
 from fewshot.sweeps.executors import LOG
 from fewshot.sweeps.jobs import DONE_STATE, FAILED_STATE, Job, Sweep, summary
-from fewshot.sweeps.spec import SEED, Spec, part
+from fewshot.sweeps.spec import SEED, Spec, key_parts
+
+ENDED = (DONE_STATE, FAILED_STATE)
 
 
 @dataclass(frozen=True)
@@ -35,8 +38,7 @@ def write_report(spec: Spec, sweep: Sweep, suite: SuiteScores | None) -> str:
     if suite is not None:
         scores |= suite.accuracy
         cells += list(dict.fromkeys(cell for _, cell in suite.accuracy))
-    runs = [job.run for job in sweep.training]
-    comparisons, notes = compare(spec, runs, scores, cells) if spec.compare else ([], [])
+    comparisons, notes = compare(spec, sweep.training, scores, cells) if spec.compare else ([], [])
     trained = sweep.trained()
     record = {
         "name": sweep.name,
@@ -45,7 +47,11 @@ def write_report(spec: Spec, sweep: Sweep, suite: SuiteScores | None) -> str:
         "failed": {
             job.name: str(job.folder / LOG) for job in sweep.jobs if job.state == FAILED_STATE
         },
-        "not_run": [job.name for job in sweep.evaluations if job.run not in trained],
+        "not_run": [
+            f"{job.name}: not run" + ("" if job.run in trained else ", its training is not done")
+            for job in sweep.evaluations
+            if job.state not in ENDED
+        ],
         "evaluations": evaluations,
         "leaderboard": None if suite is None else str(suite.path),
         "comparisons": comparisons,
@@ -69,29 +75,30 @@ def shape_result(job: Job) -> dict:
 
 
 def compare(
-    spec: Spec, runs: list[str], scores: dict[tuple[str, str], float], cells: list[str]
+    spec: Spec, training: list[Job], scores: dict[tuple[str, str], float], cells: list[str]
 ) -> tuple[list[dict], list[str]]:
-    """The first value of the compared key against each other value, in each group of the
-    other matrix keys (seed aside) and each cell: the arms' per-seed accuracies paired seed by
-    seed (the seeds both arms have), with each arm's mean ± t interval and the mean difference
-    ± t interval and the paired t-test's p-value. Returns the comparisons and notes on those
-    with fewer than two paired seeds."""
+    """Each value A of the compared key against each later value B, in each group of the other
+    matrix keys (seed aside) and each cell: the arms' per-seed accuracies paired seed by seed
+    (the seeds both arms have), with each arm's mean ± t interval and the mean difference ± t
+    interval and the paired t-test's p-value. Returns the comparisons and notes on those with
+    fewer than two paired seeds."""
     key = spec.compare
-    first, *others = [part(key, value) for value in spec.matrix[key]]
-    seeds = [part(SEED, value) for value in spec.matrix[SEED]]
-    rest = [k for k in spec.matrix if k not in (key, SEED)]
+    arms, seeds = key_parts(spec, key), key_parts(spec, SEED)
     index: dict[tuple, str] = {}  # (group, arm, seed): the run
-    for run in runs:
-        values = dict(zip(spec.matrix, run.split(","), strict=True))
-        index[tuple(values[k] for k in rest), values[key], values[SEED]] = run
+    for job in training:
+        values = dict(job.parts)
+        group = tuple(part for k, part in job.parts if k not in (key, SEED))
+        index[group, values[key], values[SEED]] = job.run
     groups = list(dict.fromkeys(group for group, _, _ in index))
     comparisons, notes = [], []
     for group in groups:
-        for other, cell in ((other, cell) for other in others for cell in cells):
-            arms = [(index[group, first, s], index[group, other, s], s) for s in seeds]
+        present = [arm for arm in arms if any((group, arm, s) in index for s in seeds)]
+        pairs = [(a, b) for i, a in enumerate(present) for b in present[i + 1 :]]
+        for (first, other), cell in ((pair, cell) for pair in pairs for cell in cells):
+            runs = [(index.get((group, first, s)), index.get((group, other, s)), s) for s in seeds]
             paired = [
                 (scores[a, cell], scores[b, cell], s)
-                for a, b, s in arms
+                for a, b, s in runs
                 if (a, cell) in scores and (b, cell) in scores
             ]
             label = f"{other} − {first}" + (f" ({','.join(group)})" if group else "") + f" {cell}"
@@ -125,11 +132,14 @@ def compare(
 
 def report_markdown(spec: Spec, jobs: str, record: dict, suite: SuiteScores | None) -> str:
     """The report as Markdown, under the line `jobs` that counts the jobs."""
-    lines = [f"# Sweep {record['name']}", "", f"{jobs}.", ""]
+    lines = [f"# Sweep {record['name']}", ""]
+    if spec.about:
+        lines += [" ".join(spec.about.split()), ""]
+    lines += [f"{jobs}.", ""]
     if record["failed"] or record["not_run"]:
         lines += ["## Failed", ""]
         lines += [f"- {name}: failed, log {log}" for name, log in record["failed"].items()]
-        lines += [f"- {name}: not run, its training is not done" for name in record["not_run"]]
+        lines += [f"- {line}" for line in record["not_run"]]
         lines.append("")
     if record["evaluations"]:
         lines += evaluation_lines(spec, record["evaluations"])
@@ -147,7 +157,8 @@ def evaluation_lines(spec: Spec, evaluations: list[dict]) -> list[str]:
     runs = list(dict.fromkeys(e["run"] for e in evaluations))
     lines = ["## Accuracy (fewshot eval)", ""]
     lines += [
-        f"Mean accuracy ± 95% CI (%) of each run's last.pt over {spec.evaluate.episodes} test "
+        f"Mean accuracy ± 95% CI (%) of each run's {spec.evaluate.checkpoint}.pt over "
+        f"{spec.evaluate.episodes} test "
         f"episodes of each shape (seed {spec.evaluate.seed}).",
         "",
         "| run | " + " | ".join(shapes) + " |",

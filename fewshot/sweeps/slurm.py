@@ -1,4 +1,5 @@
-"""The Slurm executor: a sweep's tasks as a Slurm job array, through submitit.
+"""The Slurm executor: a sweep's tasks as a Slurm job array (several where the cluster's
+MaxArraySize needs), through submitit.
 
 Each task runs where Slurm puts it, as `python -m fewshot ARGV` under a small callable that
 writes the task's log and status file there (so a sweep re-entered from any machine that shares
@@ -10,7 +11,9 @@ from that checkpoint, so a requeued run ends exactly as an uninterrupted one.
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -24,6 +27,9 @@ from typing import Any
 from fewshot.runtime.errors import FewshotError
 from fewshot.sweeps.executors import Outcome, Task, open_log, record_end, say, shell_status
 
+# Slurm's default MaxArraySize, taken where the cluster does not say: an array's indices (from
+# 0) stay below it, so each array here has at most MaxArraySize - 1 jobs.
+DEFAULT_MAX_ARRAY_SIZE = 1001
 POLL_SECONDS = 0.5  # how often a running task is looked at: nothing next to a job's minutes
 STOP_SECONDS = 600  # how long a stopped training process may take to save its last.pt
 
@@ -108,23 +114,49 @@ def submitit_module() -> Any:
     return submitit
 
 
+@functools.cache
+def max_array_size() -> int:
+    """The cluster's MaxArraySize (`scontrol show config`), read once; Slurm's default where
+    scontrol is missing or does not say."""
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return DEFAULT_MAX_ARRAY_SIZE
+    try:
+        shown = subprocess.run(
+            [scontrol, "show", "config"], capture_output=True, text=True, timeout=60
+        ).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return DEFAULT_MAX_ARRAY_SIZE
+    found = re.search(r"^MaxArraySize\s*=\s*(\d+)\s*$", shown, re.MULTILINE)
+    return int(found.group(1)) if found else DEFAULT_MAX_ARRAY_SIZE
+
+
+def array_chunks(tasks: Sequence[Task], size: int) -> list[list[Task]]:
+    """The tasks in order, cut into arrays of at most `size` jobs (at least one each)."""
+    size = max(1, size)
+    return [list(tasks[start : start + size]) for start in range(0, len(tasks), size)]
+
+
 class SlurmExecutor:
-    """Runs the tasks as one Slurm job array (submitit), each job one task, and waits for them;
-    its jobs' submission files and Slurm logs in `folder`."""
+    """Runs the tasks as Slurm job arrays (submitit), each job one task, and waits for them: one
+    array, or as many as the cluster's MaxArraySize needs; the jobs' submission files and Slurm
+    logs in `folder`."""
 
     def __init__(self, folder: Path, options: SlurmOptions):
         self.folder, self.options = folder, options
 
     def run(self, tasks: Sequence[Task]) -> list[Outcome]:
-        """Submit the tasks as an array and wait for every job; Ctrl-C stops the waiting, not
-        the jobs (they go on on the cluster; the sweep run again sees them end)."""
+        """Submit the tasks as arrays of under MaxArraySize jobs and wait for every job; Ctrl-C
+        stops the waiting, not the jobs (they go on on the cluster; the sweep run again sees
+        them end)."""
+        if not tasks:
+            return []
         submitit = submitit_module()
         executor = submitit.AutoExecutor(folder=self.folder, cluster="slurm")
         options = self.options
         parameters: dict[str, Any] = {
             "timeout_min": options.time_min,
             "cpus_per_task": options.cpus,
-            "slurm_array_parallelism": options.parallelism,
         }
         if options.partition:
             parameters["slurm_partition"] = options.partition
@@ -132,9 +164,20 @@ class SlurmExecutor:
             parameters["gpus_per_node"] = options.gpus
         if options.mem_gb:
             parameters["mem_gb"] = options.mem_gb
+        arrays = array_chunks(tasks, max_array_size() - 1)
+        # The arrays share --parallelism: together they run no more jobs at once.
+        parameters["slurm_array_parallelism"] = max(1, options.parallelism // len(arrays))
         executor.update_parameters(**parameters)
-        jobs = executor.map_array(SlurmTask(), list(tasks))
-        print(f"submitted {len(jobs)} jobs (array {jobs[0].job_id.split('_')[0]})", flush=True)
+        jobs = [job for array in arrays for job in executor.map_array(SlurmTask(), array)]
+        ids = list(dict.fromkeys(job.job_id.split("_")[0] for job in jobs))  # in order
+        if len(ids) == 1:
+            print(f"submitted {len(jobs)} jobs (array {ids[0]})", flush=True)
+        else:
+            print(
+                f"submitted {len(jobs)} jobs as {len(ids)} arrays (the cluster's MaxArraySize is "
+                f"{max_array_size()}): {', '.join(ids)}",
+                flush=True,
+            )
         outcomes = []
         for task, job in zip(tasks, jobs, strict=True):
             try:
