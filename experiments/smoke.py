@@ -25,16 +25,6 @@ def add_smoke_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--smoke", action="store_true", help=SMOKE_HELP)
 
 
-def add_study_flags(parser: argparse.ArgumentParser, out: Path, runs: bool = True) -> None:
-    """The flags the study drivers share: --runs (where a driver that trains puts its run
-    folders), --out (its results folder, default `out`), --data-root and --smoke."""
-    if runs:
-        parser.add_argument("--runs", default="runs", help="folder of the run folders")
-    parser.add_argument("--out", default=str(out), help="results folder")
-    parser.add_argument("--data-root", default=None, help="data root (default: as fewshot's)")
-    add_smoke_flag(parser)
-
-
 def smoke_folder(out: str | os.PathLike) -> Path:
     """Where a smoke run writes: the folder `out`, unless it lies among the recorded results in
     experiments/ (every driver's default), then runs/smoke/NAME (NAME: the folder's name)."""
@@ -73,17 +63,3 @@ def omniglot_root(folder: Path) -> Path:
         writer.writeheader()
         writer.writerows(rows)
     return folder
-
-
-def apply_smoke(args: argparse.Namespace, sizes: dict, run_folders: tuple[str, ...]) -> None:
-    """Under --smoke: the smallest `sizes`, --out moved off the recorded results, the run
-    folders (`run_folders`: attribute names) inside it, and the cut Omniglot as the data root
-    unless one is given."""
-    if not args.smoke:
-        return
-    vars(args).update(sizes)
-    out = smoke_folder(args.out)
-    args.out = str(out)
-    for name in run_folders:
-        setattr(args, name, str(out / name))
-    args.data_root = args.data_root or str(omniglot_root(out / "data"))

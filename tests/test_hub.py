@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 
+from fewshot.benchmark.results import STORED, read_results
 from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluation.episodes import evaluate
 from fewshot.runtime.io import load_checkpoint
@@ -60,15 +60,15 @@ def test_the_maml_family_zoo_models_adapt_to_real_episodes(omniglot_test, varian
 
 
 def reproduced(config: str, way: int, shot: int) -> float:
-    """A shipped model's accuracy over 2000 seeded test episodes at one shape, as the
-    reproduction table records it (experiments/omniglot_reproduction/results.json)."""
-    results = json.loads((REPO / "experiments/omniglot_reproduction/results.json").read_text())
-    (row,) = [
+    """A shipped model's accuracy over 2000 seeded test episodes at one shape, as the zoo's
+    stored omniglot-v1 results (the reproduction table's) record it."""
+    (result,) = [
         r
-        for r in results["rows"]
-        if r["config"] == config and (r["way"], r["shot"]) == (way, shot) and r["shipped"]
+        for r in read_results(STORED / "omniglot-v1", "omniglot-v1", True)
+        if r.record.get("checkpoint") == f"models/omniglot/{config}.pt"
+        and r.cell == f"{way}w{shot}s"
     ]
-    return row["accuracy"]
+    return result.record["accuracy"]
 
 
 @pytest.mark.parametrize("name", ["matching", "relation"])

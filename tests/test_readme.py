@@ -11,14 +11,16 @@ from typing import NamedTuple
 
 import pytest
 import torch
+import yaml
 from PIL import Image
 
 from fewshot.benchmark.leaderboard import build_leaderboard
-from fewshot.benchmark.results import STORED, read_results
+from fewshot.benchmark.results import STORED, CellResult, read_results
 from fewshot.benchmark.suites import load_suite
 from fewshot.cli.main import COMMANDS, build_parser, main
 from fewshot.evaluation.manifests import Manifest, ManifestInfo, write_manifest
 from fewshot.evaluation.stats import ci95
+from fewshot.runtime.io import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 README = (REPO / "README.md").read_text()
@@ -402,8 +404,9 @@ def test_the_plugin_page_opens_with_its_tested_commands():
 
 
 # The README's headline tables, each number read from the result file it comes from.
-REPRODUCTION = REPO / "experiments" / "omniglot_reproduction" / "results.json"
-EHG_SEEDS = REPO / "experiments" / "ehg_seeds" / "results.json"
+# The papers' numbers of the reproduction table (its accuracies are the stored results').
+PAPERS = REPO / "experiments" / "omniglot_reproduction" / "papers.yaml"
+EHG_SEEDS = REPO / "experiments" / "ehg_seeds"  # a sweep spec: its report.json and config.json
 SHAPES = [(5, 1), (5, 5), (20, 1), (20, 5)]
 EHG_HEADS = {"protonet": "ProtoNet", "ridge": "ridge", "svm": "SVM"}
 
@@ -416,45 +419,55 @@ def marked_table(text: str, name: str) -> list[list[str]]:
     return [[c.strip() for c in row.strip("|").split("|")] for row in rows[2:]]
 
 
-def here(row: dict) -> str:
-    """A reproduction row's accuracy as the tables show it: '98.75 ± 0.12', or — unshipped."""
-    return f"{row['accuracy']:.2f} ± {row['ci95']:.2f}" if row["shipped"] else "—"
+def reproduction_rows() -> list[tuple[str, tuple[int, int], CellResult | None, str]]:
+    """The reproduction table's rows in papers.yaml's order: (method, shape, the method's
+    stored omniglot-v1 result of that cell or None, the paper's number as the tables show
+    it). Every zoo model of the stored results (a checkpoint in models/omniglot) is a row."""
+    stored = read_results(STORED / "omniglot-v1", "omniglot-v1", True)
+    papers = yaml.safe_load(PAPERS.read_text())
+    zoo = {r.name for r in stored if r.record.get("checkpoint", "").startswith("models/omniglot/")}
+    assert zoo <= set(papers), zoo - set(papers)
+    by = {(r.name, r.cell): r for r in stored}
+    return [
+        (method, (w, s), by.get((method, f"{w}w{s}s")), str(paper[f"{w}w{s}s"] or "—"))
+        for method, paper in papers.items()
+        for w, s in SHAPES
+    ]
+
+
+def here(result: CellResult | None) -> str:
+    """A stored result's accuracy as the tables show it: '98.75 ± 0.12', or — unshipped."""
+    if result is None:
+        return "—"
+    acc = result.accuracies()
+    return f"{100 * float(acc.mean()):.2f} ± {100 * ci95(acc):.2f}"
 
 
 def test_readme_reproduction_table_is_the_stored_results():
     # Each accuracy from the zoo's stored omniglot-v1 results (the one source of the numbers),
-    # the methods and their papers' numbers from the reproduction study.
-    stored = {
-        (r.name, r.cell): r for r in read_results(STORED / "omniglot-v1", "omniglot-v1", True)
-    }
-    record = json.loads(REPRODUCTION.read_text())
-    cells: dict[str, dict[tuple[int, int], str]] = {}
-    for row in record["rows"]:
-        paper = "—" if row["paper"] is None else str(row["paper"])
-        result = stored.get((row["method"], f"{row['way']}w{row['shot']}s"))
-        assert (result is not None) == row["shipped"], row["method"]
-        if result is not None:
-            acc = result.accuracies()
-            cell = f"{100 * float(acc.mean()):.2f} ± {100 * ci95(acc):.2f}"
-            assert cell == here(row)  # the study's own record agrees
-        else:
-            cell = "—"
-        cells.setdefault(row["method"], {})[row["way"], row["shot"]] = f"{cell} ({paper})"
-    expected = [[method, *(shapes[s] for s in SHAPES)] for method, shapes in cells.items()]
+    # the papers' numbers from the reproduction study's papers.yaml.
+    cells: dict[str, list[str]] = {}
+    for method, _, result, paper in reproduction_rows():
+        cells.setdefault(method, []).append(f"{here(result)} ({paper})")
+    expected = [[method, *shapes] for method, shapes in cells.items()]
     assert marked_table(README, "readme-reproduction") == expected
-    assert f"same {record['episodes']} seeded test" in " ".join(README.split())
+    episodes = {cell.episodes for cell in load_suite("omniglot-v1").cells}
+    assert f"same {episodes.pop()} seeded test" in " ".join(README.split())
 
 
-def test_results_page_reproduction_table_is_the_studys():
-    record = json.loads(REPRODUCTION.read_text())
+def test_results_page_reproduction_table_is_the_stored_results():
+    # Beside each accuracy, the training of its shipped checkpoint: its episodes, and its
+    # epochs' minutes and precision as its training history records them.
     expected = []
-    for row in record["rows"]:
-        paper = "—" if row["paper"] is None else str(row["paper"])
-        t = row.get("trained")
-        time = f"{t['seconds'] / 60:.0f} min, {t['precision']}" if t else ""
-        trained = [f"{t['episodes']:,}" if t else "", time]
-        shape = f"{row['way']}-way {row['shot']}-shot"
-        expected.append([row["method"], shape, here(row), paper, *trained])
+    for method, (way, shot), result, paper in reproduction_rows():
+        trained = ["", ""]
+        if result is not None:
+            checkpoint = load_checkpoint(REPO / result.record["checkpoint"])
+            config, history = checkpoint["config"], checkpoint["progress"]["history"]
+            minutes = sum(row.get("seconds", 0.0) for row in history) / 60
+            episodes = checkpoint["progress"]["epoch"] * config["episodes_per_epoch"]
+            trained = [f"{episodes:,}", f"{minutes:.0f} min, {history[-1]['precision']}"]
+        expected.append([method, f"{way}-way {shot}-shot", here(result), paper, *trained])
     results = (REPO / "docs" / "results.md").read_text()
     assert marked_table(results, "reproduction-table") == expected
 
@@ -495,22 +508,24 @@ def test_results_page_cross_domain_table_is_the_stored_results():
 
 
 def test_readme_ehg_table_is_the_studys():
-    record = json.loads(EHG_SEEDS.read_text())
+    report = json.loads((EHG_SEEDS / "report.json").read_text())
+    compared = {(c["group"][0], c["a"], c["b"], c["cell"]): c for c in report["comparisons"]}
     expected = []
     for head, name in EHG_HEADS.items():
         row = [name]
         for shape in ("5w1s", "20w1s"):
-            d = record["summary"][head][shape]["U5-U1 seeds"]
-            assert d["n"] == 5
-            row.append(f"{d['mean']:+.2f} ± {d['ci95']:.2f} (p = {d['p_value']:.2g})")
+            d = compared[f"head={head}", "resplits=1", "resplits=5", shape]
+            assert len(d["seeds"]) == 5
+            p = d["p_value"]
+            row.append(f"{d['difference']:+.2f} ± {d['difference_ci95']:.2f} (p = {p:.2g})")
         expected.append(row)
     assert marked_table(README, "readme-ehg") == expected
-    settings = record["settings"]
-    episodes = settings["epochs"] * settings["episodes_per_epoch"]
+    config = json.loads((EHG_SEEDS / "config.json").read_text())
+    episodes = config["epochs"] * config["episodes_per_epoch"]
     text = " ".join(README.split())
-    seeds = len(settings["seeds"].split(","))
-    assert f"over {seeds} training seeds" in text
-    assert f"{episodes} training episodes, {settings['test_episodes']} seeded test" in text
+    assert f"over {len(d['seeds'])} training seeds" in text
+    tests = {e["episodes"] for e in report["evaluations"]}
+    assert f"{episodes} training episodes, {tests.pop()} seeded test" in text and not tests
 
 
 def test_readme_quickstart_figure_is_the_measured_one():

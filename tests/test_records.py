@@ -63,7 +63,7 @@ RECORDS = recorded()
 def test_records_are_found():
     names = {path.relative_to(REPO).as_posix() for path in RECORDS}
     assert "models/omniglot/protonet_conv4_trainval.pt" in names
-    assert "experiments/omniglot_reproduction/results.json" in names
+    assert "models/bench/omniglot-v1/protonet/5w1s.json" in names
 
 
 def test_no_record_names_an_absolute_path():

@@ -24,9 +24,9 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.cli_runs import fewshot
 from experiments.resnet12_rehearsal.rehearsal import write_data
 from experiments.smoke import add_smoke_flag, smoke_folder
+from fewshot.cli.main import main as fewshot_main
 from fewshot.runtime.errors import FewshotError
 from fewshot.runtime.io import atomic_write_text
 from fewshot.training.settings import read_config_file
@@ -260,7 +260,9 @@ def main(argv: list[str] | None = None) -> None:
             if args.dry_run:
                 print(shlex.join(command), flush=True)
             else:
-                fewshot(*command[1:])  # it prints the command
+                print("$", shlex.join(command), flush=True)
+                if fewshot_main(command[1:]) != 0:
+                    raise SystemExit(f"failed: {shlex.join(command)}")
     if not args.dry_run:
         out = Path(args.table) if args.table else STUDY / "table.md"
         text = table(Path(args.runs_dir), args.episodes)

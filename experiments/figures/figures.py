@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import matplotlib
+import yaml
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -23,7 +24,8 @@ from experiments.smoke import add_smoke_flag, smoke_folder
 EXPERIMENTS = Path(__file__).resolve().parents[1]
 OUT = Path(__file__).resolve().parent
 DOCS = EXPERIMENTS.parent / "docs" / "img"  # where docs/results.md finds them
-REPRODUCTION = EXPERIMENTS / "omniglot_reproduction" / "results.json"
+PAPERS = EXPERIMENTS / "omniglot_reproduction" / "papers.yaml"  # methods, their papers' numbers
+STORED = EXPERIMENTS.parent / "models" / "bench" / "omniglot-v1"  # the zoo's stored results
 SHAPES = [(5, 1), (5, 5), (20, 1), (20, 5)]
 # Curves of the shipped models: the ProtoNet's log is in the zoo's folder, the others' in the
 # reproduction study's logs/.
@@ -37,20 +39,30 @@ def load(path: Path) -> dict:
     return json.loads(path.read_text())
 
 
+def reproduction() -> tuple[dict, dict]:
+    """The papers' numbers by method, and the zoo's stored result of each (method, cell)."""
+    papers = yaml.safe_load(PAPERS.read_text())
+    stored = {}
+    for path in sorted(STORED.glob("*/*.json")):
+        record = load(path)
+        stored[record["name"], record["cell"]] = record
+    return papers, stored
+
+
 def reproduction_chart(out: Path) -> Path:
     """Here (accuracy ± 95% CI) against the paper's number, one panel per test shape."""
-    rows = load(REPRODUCTION)["rows"]
-    methods = list(dict.fromkeys(r["method"] for r in rows))
+    papers, stored = reproduction()
+    methods = list(papers)
     fig, grid = plt.subplots(2, 2, figsize=(8, 6.2), sharey=True)
     axes = grid.flatten()
     for ax, (way, shot) in zip(axes, SHAPES, strict=True):
-        at = {r["method"]: r for r in rows if (r["way"], r["shot"]) == (way, shot)}
+        cell = f"{way}w{shot}s"
         for y, method in enumerate(methods):
-            r = at[method]
-            if r["shipped"]:
-                ax.errorbar(r["accuracy"], y, xerr=r["ci95"], fmt="o", color="C0", capsize=3)
-            if r["paper"] is not None:
-                ax.plot(r["paper"], y, marker="D", mfc="none", color="C3", linestyle="")
+            here = stored.get((method, cell))
+            if here is not None:
+                ax.errorbar(here["accuracy"], y, xerr=here["ci95"], fmt="o", color="C0", capsize=3)
+            if papers[method][cell] is not None:
+                ax.plot(papers[method][cell], y, marker="D", mfc="none", color="C3", linestyle="")
         ax.set_title(f"{way}-way {shot}-shot")
         ax.set_xlabel("accuracy (%)")
         ax.grid(axis="x", alpha=0.3)
@@ -67,37 +79,27 @@ def reproduction_chart(out: Path) -> Path:
     return path
 
 
-def budget(record: dict) -> int:
-    """The training episodes of every model of an EHG study."""
-    return record["settings"]["epochs"] * record["settings"]["episodes_per_epoch"]
+# The EHG studies (sweep specs) and each one's training episodes per run, from their READMEs.
+EHG_STUDIES = {
+    "ehg_seeds": "400 episodes",
+    "ehg_convergence": "4000 episodes, the plateau",
+    "metric_omniglot": "800 episodes",
+    "ehg_adaptation": "800 episodes",
+}
+NAMES = {"protonet": "ProtoNet", "svm": "SVM", "matching": "Matching Networks"}
+NAMES |= {"relation": "Relation Networks", "maml": "MAML", "anil": "ANIL"}
 
 
 def ehg_gains() -> list[tuple[str, str, float, float]]:
     """(label, study, U5 - U1 mean, its t interval) in accuracy points, paired across 5
-    training seeds, from the EHG studies' results.json."""
+    training seeds, from the EHG studies' sweep reports."""
     gains = []
-    record = load(EXPERIMENTS / "ehg_seeds" / "results.json")
-    seeds, study = record["summary"], f"{budget(record)} episodes (ehg_seeds)"
-    for head, name in (("protonet", "ProtoNet"), ("ridge", "ridge"), ("svm", "SVM")):
-        for shape, way in (("5w1s", "5-way"), ("20w1s", "20-way")):
-            d = seeds[head][shape]["U5-U1 seeds"]
-            gains.append((f"{name}, {way}", study, d["mean"], d["ci95"]))
-    record = load(EXPERIMENTS / "ehg_convergence" / "results.json")
-    plateau, study = record["methods"], f"{budget(record)} episodes, the plateau (ehg_convergence)"
-    for method, name in (("protonet", "ProtoNet"), ("ridge", "ridge")):
-        for shape, way in (("5w1s", "5-way"), ("20w1s", "20-way")):
-            d = plateau[method]["tests"][f"U5-U1 {shape}"]["across_seeds"]
-            gains.append((f"{name}, {way}", study, d["mean"], d["ci95"]))
-    metric = load(EXPERIMENTS / "metric_omniglot" / "results.json")["ehg"]
-    for method, name in (("matching", "Matching Networks"), ("relation", "Relation Networks")):
-        d = metric[method]["difference"]  # fractions
-        label = f"{name}, 5-way"  # its configs cut to 800 episodes (its README)
-        gains.append((label, "800 episodes (metric_omniglot)", 100 * d["mean"], 100 * d["ci95"]))
-    record = load(EXPERIMENTS / "ehg_adaptation" / "results.json")
-    adaptation, study = record["methods"], f"{budget(record)} episodes (ehg_adaptation)"
-    for method, name in (("maml", "MAML"), ("anil", "ANIL")):
-        d = adaptation[method]["tests"]["U5-U1 5w1s"]["across_seeds"]
-        gains.append((f"{name}, 5-way", study, d["mean"], d["ci95"]))
+    for study, budget in EHG_STUDIES.items():
+        for c in load(EXPERIMENTS / study / "report.json")["comparisons"]:
+            if (c["a"], c["b"]) == ("resplits=1", "resplits=5"):
+                method = c["group"][0].split("=")[1]
+                label = f"{NAMES.get(method, method)}, {c['cell'].split('w')[0]}-way"
+                gains.append((label, f"{budget} ({study})", c["difference"], c["difference_ci95"]))
     return gains
 
 
@@ -127,7 +129,10 @@ def ehg_chart(out: Path) -> Path:
 
 def zoo_logs() -> dict[str, list[dict]]:
     """The metrics rows of every shipped model of the reproduction table, by config."""
-    configs = dict.fromkeys(r["config"] for r in load(REPRODUCTION)["rows"] if r["shipped"])
+    papers, stored = reproduction()
+    cells = [f"{way}w{shot}s" for way, shot in SHAPES]
+    shipped = [stored[m, c] for m in papers for c in cells if (m, c) in stored]
+    configs = dict.fromkeys(Path(record["checkpoint"]).stem for record in shipped)
     logs = {}
     for config in configs:
         path = ZOO_LOG if config == "protonet_conv4_trainval" else REPRODUCTION_LOG

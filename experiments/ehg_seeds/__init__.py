@@ -1,1 +1,0 @@
-"""EHG across training seeds on Omniglot (see README.md)."""
