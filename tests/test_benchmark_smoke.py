@@ -19,6 +19,7 @@ from benchmarks import (
     bench_hpo_cleaning,
     bench_memmap,
     bench_predict,
+    bench_sweep_scale,
     bench_vs_metaoptnet,
 )
 
@@ -63,6 +64,33 @@ def test_bench_predict_smoke(monkeypatch, capsys):
     ratio = float(re.search(rf"^ratio ({NUMBER})x: goal <= 1.1x (met|MISSED)$", out, re.M).group(1))
     assert ratio == pytest.approx(ours / cached, rel=0.05, abs=0.01)
     assert re.search(r"^fewshot predict on 64 PNG files: \d+\.\d+ s", out, re.M), out
+
+
+def test_bench_sweep_scale_smoke(monkeypatch, capsys, tmp_path):
+    out = run(monkeypatch, capsys, bench_sweep_scale, "--smoke", "--folder", str(tmp_path))
+    figures = [
+        r"\(a\) read_spec, 60 training jobs \(23 matrix values\)",
+        r"\(a\) read_spec, 20 training jobs \(21 matrix values\)",
+        r"\(a\) expand to 120 jobs \(60 training, 60 evaluations\)",
+        r"\(a\) owner checks of 120 job folders \(none made yet\)",
+        r"\(a\) plan_lines of 120 jobs \(121 lines\)",
+        r"\(a\) fewshot sweep SPEC --plan, whole \(run_sweep, 120 jobs\)",
+        r"\(b\) Task list of 60 training jobs \(.*\)",
+        r"\(b\) fewshot sweep SPEC --plan of the submitted sweep \(60 command.txt read\)",
+        r"\(c\) fewshot sweep SPEC, every job done \(run_sweep: the report only\)",
+    ]
+    for figure in figures:
+        assert re.search(rf"^{figure}: {NUMBER} s$", out, re.M), (figure, out)
+    assert re.search(rf"^\(a\) read_spec ratio {NUMBER}x for 3.0x the jobs and 1.10x", out, re.M)
+    if "(b) pickling and map_array: skipped" not in out:  # submitit: the slurm extra
+        assert re.search(
+            rf"^\(b\) submitit map_array of 60 tasks as 4 arrays.*: {NUMBER} s$", out, re.M
+        )
+    assert "(b) arrays of at most 16 tasks for 60 jobs: 4 (slurm.array_chunks)" in out
+    assert "(b) real Slurm submission: skipped (--no-cluster)" in out
+    report = rf"^\(c\) write_report: {NUMBER} s \(12 evaluations, 3 comparisons of two resplits"
+    assert re.search(report, out, re.M), out
+    assert list(tmp_path.iterdir()) == []  # its temporary folder removed
 
 
 def free_port() -> int:
