@@ -75,12 +75,17 @@ def test_bench_sweep_scale_smoke(monkeypatch, capsys, tmp_path):
         r"\(a\) owner checks of 120 job folders \(none made yet\)",
         r"\(a\) plan_lines of 120 jobs \(121 lines\)",
         r"\(a\) fewshot sweep SPEC --plan, whole \(run_sweep, 120 jobs\)",
-        r"\(b\) Task list of 60 training jobs \(.*\)",
         r"\(b\) fewshot sweep SPEC --plan of the submitted sweep \(60 command.txt read\)",
         r"\(c\) fewshot sweep SPEC, every job done \(run_sweep: the report only\)",
     ]
     for figure in figures:
         assert re.search(rf"^{figure}: {NUMBER} s$", out, re.M), (figure, out)
+    assert re.search(
+        rf"^\(b\) Task list of 60 training jobs \(Job.prepare\): {NUMBER} s the first time "
+        rf"\(.*\), {NUMBER} s again$",
+        out,
+        re.M,
+    )
     assert re.search(rf"^\(a\) read_spec ratio {NUMBER}x for 3.0x the jobs and 1.10x", out, re.M)
     if "(b) pickling and map_array: skipped" not in out:  # submitit: the slurm extra
         assert re.search(
