@@ -437,8 +437,13 @@ def run_on_executor(
         outcomes = executor.run(list(tasks))
     except Interrupted as e:
         raise Interrupted(e.signum, "its jobs stopped; run it again to go on") from None
-    failed = [outcome.task for outcome in outcomes if outcome.status != 0]
-    return [f"{tasks[t].name} on {tasks[t].cell.name} (log {t.folder / LOG})" for t in failed]
+    # Named in the jobs' order, not the order they ended in.
+    failed = {outcome.task for outcome in outcomes if outcome.status != 0}
+    return [
+        f"{job.name} on {job.cell.name} (log {task.folder / LOG})"
+        for task, job in tasks.items()
+        if task in failed
+    ]
 
 
 def result_fields(job: Job, suite: Suite):
