@@ -23,7 +23,12 @@ from fewshot.cli.main import main
 from fewshot.datasets import load_split
 from fewshot.datasets.sampler import EpisodeShape
 from fewshot.evaluation.episodes import seeded_episodes
-from fewshot.evaluation.manifests import draw_manifest, read_manifest, write_manifest
+from fewshot.evaluation.manifests import (
+    Manifest,
+    draw_manifest,
+    read_manifest,
+    write_manifest,
+)
 from fewshot.runtime.errors import FewshotError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -464,15 +469,21 @@ def test_a_suite_pin_or_manifest_that_differs_is_refused_before_any_evaluation(
     assert evaluations == []
 
 
-def test_eval_episodes_file_refuses_what_contradicts_it(
-    model, tmp_path, capsys, tiny_omniglot_root
-):
-    split = load_split("omniglot", "test", tiny_omniglot_root)
+def tiny_test_manifest(root: Path, path: Path) -> Manifest:
+    """20 episodes of 5-way 1-shot 5-query of the tiny Omniglot's test split, written to path."""
+    split = load_split("omniglot", "test", root)
     manifest = draw_manifest(
         split, {"dataset": "omniglot", "split": "test"}, EpisodeShape(5, 1, 5), 0, 20
     )
-    path = tmp_path / "m.npz"
     write_manifest(manifest, path)
+    return manifest
+
+
+def test_eval_episodes_file_refuses_what_contradicts_it(
+    model, tmp_path, capsys, tiny_omniglot_root
+):
+    path = tmp_path / "m.npz"
+    manifest = tiny_test_manifest(tiny_omniglot_root, path)
     base = ["eval", "--checkpoint", model, "--episodes-file", str(path), "--device", "cpu"]
     base += ["--data-root", str(tiny_omniglot_root), "--out", str(tmp_path / "r.json")]
     for flag, value in (("--way", "20"), ("--shot", "5"), ("--query", "3"), ("--seed", "1")):
@@ -506,12 +517,8 @@ def test_eval_episodes_file_refuses_a_split_it_was_not_drawn_from(
     model, tmp_path, capsys, tiny_omniglot_root
 ):
     # Drawn from the cut test split (24 classes), evaluated on the shipped one (all classes).
-    split = load_split("omniglot", "test", tiny_omniglot_root)
-    manifest = draw_manifest(
-        split, {"dataset": "omniglot", "split": "test"}, EpisodeShape(5, 1, 5), 0, 20
-    )
     path = tmp_path / "m.npz"
-    write_manifest(manifest, path)
+    tiny_test_manifest(tiny_omniglot_root, path)
     args = ["eval", "--checkpoint", model, "--episodes-file", str(path), "--episodes", "20"]
     err = error_line(capsys, [*args, "--device", "cpu", "--out", str(tmp_path / "r.json")])
     assert f"--episodes-file {path} was drawn from omniglot split 'test' with other classes" in err
